@@ -1,0 +1,92 @@
+# Build, serve and test the Inf2 LLM TorchServe archive.
+# Every variable can be overridden: make serve MODEL_DIR=/models/llama-2-7b INFERENCE_PORT=9080
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+
+MODEL_NAME ?= llama
+DEFAULT_MODEL_DIR := models/tiny-llama
+MODEL_DIR ?= $(DEFAULT_MODEL_DIR)
+# Copy the checkpoint into the archive (default for the tiny model); else reference it by path.
+EMBED_MODEL ?= $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),1,0)
+MODEL_CONFIG ?= model-config.yaml
+HOST ?= 127.0.0.1
+INFERENCE_PORT ?= 8080
+MANAGEMENT_PORT ?= 8081
+METRICS_PORT ?= 8082
+MODEL_STORE ?= model_store
+BUILD ?= build
+TS_CONFIG := $(BUILD)/config.properties
+PROMPT ?= Today the weather is really nice and I am planning on
+PYTEST_ARGS ?=
+
+.PHONY: venv model archive serve stop demo test lint clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -r requirements.txt -r requirements-dev.txt
+	touch $@
+
+model: $(DEFAULT_MODEL_DIR)/config.json
+
+$(DEFAULT_MODEL_DIR)/config.json: scripts/make_tiny_model.py scripts/corpus.txt | venv
+	$(PY) scripts/make_tiny_model.py $(DEFAULT_MODEL_DIR)
+
+archive: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
+	$(PY) scripts/stage_archive.py --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG) --stage $(BUILD)/stage \
+		$(if $(filter 1,$(EMBED_MODEL)),--embed-model)
+	mkdir -p $(MODEL_STORE)
+	$(BIN)/torch-model-archiver --model-name $(MODEL_NAME) --version 1.0 \
+		--handler $(BUILD)/stage/handler/inf2_handler.py --extra-files $(BUILD)/stage \
+		--config-file $(BUILD)/stage/model-config.yaml \
+		--archive-format no-archive --export-path $(MODEL_STORE) -f
+	@echo "archive: $(MODEL_STORE)/$(MODEL_NAME)"
+
+$(TS_CONFIG): Makefile
+	mkdir -p $(BUILD)
+	printf '%s\n' \
+		"inference_address=http://$(HOST):$(INFERENCE_PORT)" \
+		"management_address=http://$(HOST):$(MANAGEMENT_PORT)" \
+		"metrics_address=http://$(HOST):$(METRICS_PORT)" \
+		"model_store=$(MODEL_STORE)" \
+		"load_models=$(MODEL_NAME)" \
+		"default_response_timeout=300" > $@
+
+serve: archive
+	$(MAKE) --no-print-directory $(TS_CONFIG) -B
+	mkdir -p logs
+	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 $(BIN)/torchserve --start --ncs \
+		--ts-config $(TS_CONFIG) --model-store $(MODEL_STORE) --models $(MODEL_NAME)=$(MODEL_NAME) \
+		> logs/torchserve.out 2>&1
+	@$(PY) scripts/client.py --url http://$(HOST):$(INFERENCE_PORT) --model $(MODEL_NAME) wait --timeout 600 --log logs/ts_log.log \
+		|| (tail -n 40 logs/ts_log.log; $(MAKE) --no-print-directory stop; exit 1)
+	@echo
+	@echo "Serving $(MODEL_NAME) on http://$(HOST):$(INFERENCE_PORT) (token auth on; key in key_file.json). Try:"
+	@echo "  make demo"
+	@echo "  curl -N -H \"Authorization: Bearer \$$($(PY) scripts/client.py token)\" -H 'Content-Type: application/json' \\"
+	@echo "       -d '{\"prompt\": \"Today the weather is\", \"max_new_tokens\": 64}' http://$(HOST):$(INFERENCE_PORT)/predictions/$(MODEL_NAME)"
+	@echo "  make stop"
+
+stop:
+	-$(BIN)/torchserve --stop
+	@for i in $$(seq 1 30); do pgrep -f org.pytorch.serve.ModelServer >/dev/null || exit 0; sleep 0.5; done
+
+demo: venv
+	$(PY) scripts/client.py --url http://$(HOST):$(INFERENCE_PORT) --model $(MODEL_NAME) \
+		generate "$(PROMPT)" --max-new-tokens 64
+
+test: venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check handler scripts tests
+	$(BIN)/ruff format --check handler scripts tests
+
+clean:
+	rm -rf $(BUILD) $(MODEL_STORE) logs key_file.json .pytest_cache $(DEFAULT_MODEL_DIR)

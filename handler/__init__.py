@@ -1,0 +1,1 @@
+"""Inferentia2 LLM serving handler for TorchServe."""

@@ -1,0 +1,1 @@
+"""Model backends: token ids in, token ids out."""

@@ -1,0 +1,54 @@
+"""The `hf` backend: transformers on CPU, the reference and the embedded default."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from handler.backends.generate_backend import GenerateBackend
+from handler.config import HandlerConfig
+
+logger = logging.getLogger(__name__)
+
+TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def load_tokenizer(checkpoint: Path, trust_remote_code: bool):
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:  # Llama-2 ships none; padding rows are masked anyway
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def eos_token_ids(model_config, tokenizer) -> frozenset[int]:
+    ids = getattr(model_config, "eos_token_id", None)
+    ids = ids if isinstance(ids, list) else [ids]
+    return frozenset(int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None)
+
+
+class HFBackend(GenerateBackend):
+    name = "hf"
+
+    def __init__(self, config: HandlerConfig, checkpoint: Path) -> None:
+        self.tokenizer = load_tokenizer(checkpoint, config.trust_remote_code)
+        self.generation_model = AutoModelForCausalLM.from_pretrained(
+            checkpoint,
+            local_files_only=True,
+            use_safetensors=True,
+            trust_remote_code=config.trust_remote_code,
+            dtype=TORCH_DTYPES[config.amp],
+        ).eval()
+        self.pad_token_id = self.tokenizer.pad_token_id
+        self.eos_token_ids = eos_token_ids(self.generation_model.config, self.tokenizer)
+        max_positions = getattr(self.generation_model.config, "max_position_embeddings", config.n_positions)
+        self.n_positions = min(config.n_positions, max_positions)
+        if self.n_positions < config.n_positions:
+            logger.warning(
+                "n_positions %d is above the model's %d positions; using %d",
+                config.n_positions,
+                max_positions,
+                self.n_positions,
+            )

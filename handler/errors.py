@@ -1,0 +1,48 @@
+"""The error taxonomy, and the one place that maps it to HTTP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class ServingError(Exception):
+    """An error that is answered to one request; the worker keeps serving."""
+
+    status: int = 500
+    error_type: str = "server_error"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(ServingError):
+    """The request itself is wrong: fixing it is up to the client."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class EngineError(ServingError):
+    """Generation failed inside the model; the request may be retried."""
+
+    status = 500
+    error_type = "server_error"
+
+
+@dataclass(frozen=True)
+class HttpError:
+    status: int
+    phrase: str
+    body: dict[str, Any]
+
+
+_PHRASES = {400: "Bad Request", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def to_http(error: ServingError) -> HttpError:
+    """Status, reason phrase and the `{"error": {...}}` body for one failed request."""
+    body = {"error": {"message": error.message, "param": error.param, "type": error.error_type}}
+    return HttpError(error.status, _PHRASES.get(error.status, ""), body)

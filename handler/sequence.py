@@ -1,0 +1,98 @@
+"""Per-request generation state: one object per request, with an explicit state."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from handler.backends.base import RowSpec
+from handler.detokenizer import IncrementalDetokenizer
+from handler.errors import ServingError
+from handler.protocol import GenerationRequest
+from handler.stops import StopStringMatcher
+
+
+class State(enum.Enum):
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class FinishReason(enum.StrEnum):
+    EOS = "eos"
+    LENGTH = "length"
+    STOP = "stop"
+
+
+@dataclass
+class Sequence:
+    """A request being generated; `append` turns each new token into text to send."""
+
+    request: GenerationRequest
+    prompt_ids: list[int]
+    tokenizer: Any
+    eos_token_ids: frozenset[int]
+    request_id: str = ""
+    received_at: float = field(default_factory=time.perf_counter)
+    state: State = State.RUNNING
+    finish_reason: FinishReason | None = None
+    error: ServingError | None = None
+    completion_tokens: int = 0
+    text: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self._detokenizer = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
+        self._stops = StopStringMatcher(self.request.stop)
+
+    @property
+    def row(self) -> RowSpec:
+        return RowSpec(
+            tuple(self.prompt_ids), self.request.max_new_tokens, self.request.sampling, self.request.ignore_eos
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.state is not State.RUNNING
+
+    def append(self, token_id: int) -> str:
+        """Take one generated token; return the text that may be sent now."""
+        now = time.perf_counter()
+        self.first_token_at = self.first_token_at or now
+        self.last_token_at = now
+        self.completion_tokens += 1
+        if token_id in self.eos_token_ids and not self.request.ignore_eos:
+            return self._finish(FinishReason.EOS)
+        delta = self._stops.feed(self._detokenizer.add(token_id))
+        if self._stops.stopped:
+            return self._finish(FinishReason.STOP, delta)
+        if self.completion_tokens >= self.request.max_new_tokens:
+            return self._finish(FinishReason.LENGTH, delta)
+        self.text.append(delta)
+        return delta
+
+    def end(self) -> str:
+        """Generation stopped without this row deciding (the batch's position budget ran out)."""
+        return "" if self.finished else self._finish(FinishReason.LENGTH)
+
+    def fail(self, error: ServingError) -> None:
+        if not self.finished:
+            self.state = State.FAILED
+            self.error = error
+
+    def _finish(self, reason: FinishReason, delta: str = "") -> str:
+        if reason is not FinishReason.STOP:
+            delta += self._stops.feed(self._detokenizer.flush())
+            delta = delta if self._stops.stopped else delta + self._stops.flush()
+            reason = FinishReason.STOP if self._stops.stopped else reason
+        self.text.append(delta)
+        self.state = State.FINISHED
+        self.finish_reason = reason
+        return delta
+
+    @property
+    def full_text(self) -> str:
+        return "".join(self.text)

@@ -1,0 +1,118 @@
+"""A small client for the running server: wait until the model answers, or stream a prompt.
+
+TorchServe's token authorization is on by default; the key is read from the
+key_file.json TorchServe writes into the directory it was started from.
+
+    python scripts/client.py generate "Today the weather is" --max-new-tokens 64
+    python scripts/client.py wait --timeout 120
+    python scripts/client.py token          # prints the inference key (for curl)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def inference_key(key_file: Path) -> str | None:
+    """The inference key, or None when TorchServe runs with token auth disabled."""
+    if not key_file.exists():
+        return None
+    return json.loads(key_file.read_text())["inference"]["key"]
+
+
+def auth_headers(key_file: Path) -> dict[str, str]:
+    key = inference_key(key_file)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def stream_generate(url: str, body: dict, headers: dict[str, str], timeout: float = 300.0):
+    """Yield each NDJSON object of a streamed generation as it arrives."""
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
+        if response.status_code != 200:
+            response.read()
+            raise SystemExit(f"HTTP {response.status_code}: {response.text}")
+        for line in response.iter_lines():
+            if line:
+                yield json.loads(line)
+
+
+def wait_ready(url: str, key_file: Path, timeout: float, log: Path | None = None) -> float:
+    """Poll with a one-token request until the model answers 200; return seconds waited.
+
+    Gives up early when the TorchServe log shows the model failing to load.
+    """
+    started = time.monotonic()
+    log_start = log.stat().st_size if log and log.exists() else 0
+    body = {"prompt": "ping", "max_new_tokens": 1, "stream": False}
+    last = "no answer yet"
+    while time.monotonic() - started < timeout:
+        try:
+            response = httpx.post(url, json=body, headers=auth_headers(key_file), timeout=10)
+            if response.status_code == 200:
+                return time.monotonic() - started
+            last = f"HTTP {response.status_code}: {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        if log and log.exists() and _load_failed(log, log_start):
+            raise SystemExit(f"the model failed to load; see {log}")
+        time.sleep(0.5)
+    raise SystemExit(f"model did not answer within {timeout:.0f} s ({last}); see logs/ts_log.log")
+
+
+def _load_failed(log: Path, offset: int) -> bool:
+    with log.open("rb") as f:
+        f.seek(offset)
+        return b"Load model failed" in f.read()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Client for the Inf2 LLM TorchServe handler")
+    parser.add_argument("--url", default="http://127.0.0.1:8080")
+    parser.add_argument("--model", default="llama")
+    parser.add_argument("--key-file", type=Path, default=Path("key_file.json"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="stream a completion and print it as it arrives")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float)
+    gen.add_argument("--seed", type=int)
+    wait = sub.add_parser("wait", help="wait until the model answers")
+    wait.add_argument("--timeout", type=float, default=300)
+    wait.add_argument("--log", type=Path, help="TorchServe log to watch for load failures")
+    sub.add_parser("token", help="print the inference key")
+    args = parser.parse_args()
+
+    url = f"{args.url}/predictions/{args.model}"
+    if args.command == "token":
+        print(inference_key(args.key_file) or "")
+    elif args.command == "wait":
+        print(f"model {args.model} answered after {wait_ready(url, args.key_file, args.timeout, args.log):.1f} s")
+    else:
+        body = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens}
+        if args.temperature is not None:
+            body["temperature"] = args.temperature
+        if args.seed is not None:
+            body["seed"] = args.seed
+        started = time.monotonic()
+        sys.stdout.write(args.prompt)
+        for chunk in stream_generate(url, body, auth_headers(args.key_file)):
+            sys.stdout.write(chunk.get("text", ""))
+            sys.stdout.flush()
+            if "finish_reason" in chunk:
+                usage = chunk["usage"]
+                print(
+                    f"\n[finish_reason={chunk['finish_reason']} prompt_tokens={usage['prompt_tokens']} "
+                    f"completion_tokens={usage['completion_tokens']} in {time.monotonic() - started:.2f} s]"
+                )
+            if "error" in chunk:
+                raise SystemExit(f"\nerror: {chunk['error']['message']}")
+
+
+if __name__ == "__main__":
+    main()

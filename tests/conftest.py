@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded default model, built fresh by the project's own script."""
+    out = tmp_path_factory.mktemp("tiny-llama")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), str(out)], check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
