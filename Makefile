@@ -24,6 +24,9 @@ PYTEST_ARGS ?=
 
 .PHONY: venv model archive serve stop demo test lint clean
 
+# Feature areas keep their targets in mk/*.mk (neuron, sagemaker, bench).
+-include mk/*.mk
+
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
+from handler import failpoints
 from handler.backends.base import Backend
 from handler.errors import EngineError
 from handler.sequence import Sequence
@@ -31,11 +32,12 @@ class MicroBatchEngine:
         if not sequences:
             return
         streamer = TokenStreamer(self.step_timeout_s)
+        backend_streamer = failpoints.wrap_streamer(streamer, [s.request.prompt for s in sequences])
         failure: list[BaseException] = []
 
         def generate() -> None:
             try:
-                self.backend.generate([s.row for s in sequences], streamer, lambda i: sequences[i].finished)
+                self.backend.generate([s.row for s in sequences], backend_streamer, lambda i: sequences[i].finished)
             except BaseException as exc:
                 failure.append(exc)
             finally:

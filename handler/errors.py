@@ -25,6 +25,11 @@ class InvalidRequest(ServingError):
     error_type = "invalid_request_error"
 
 
+class NotFound(ServingError):
+    status = 404
+    error_type = "not_found_error"
+
+
 class EngineError(ServingError):
     """Generation failed inside the model; the request may be retried."""
 
@@ -39,7 +44,7 @@ class HttpError:
     body: dict[str, Any]
 
 
-_PHRASES = {400: "Bad Request", 500: "Internal Server Error", 503: "Service Unavailable"}
+_PHRASES = {400: "Bad Request", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 def to_http(error: ServingError) -> HttpError:

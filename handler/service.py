@@ -18,13 +18,14 @@ from typing import Any
 
 from ts.handler_utils.utils import send_intermediate_predict_response
 
-from handler import wire
+from handler.api import Api, select_api
+from handler.api.native import NativeApi
 from handler.backends.base import Backend
 from handler.backends.loader import load_backend
 from handler.config import ServingConfig
 from handler.engine import MicroBatchEngine
 from handler.errors import EngineError, InvalidRequest, ServingError, to_http
-from handler.protocol import GenerationRequest, Limits, parse_request
+from handler.protocol import GenerationRequest, Limits
 from handler.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class Work:
 
     index: int
     request_id: str
+    api: Api
     sequence: Sequence | None = None
     error: ServingError | None = None
     chunks_sent: int = 0
@@ -71,9 +73,10 @@ class GenerationService:
         return [self._prepare_one(index, row, context) for index, row in indexed_rows]
 
     def _prepare_one(self, index: int, row: Any, context: Any) -> Work:
-        work = Work(index, context.get_request_id(index) or str(index))
+        work = Work(index, context.get_request_id(index) or str(index), NativeApi())
         try:
-            request = parse_request(_body_of(row), self.limits)
+            work.api = select_api(context.get_request_header(index, "url_path"), context.model_name)
+            request = work.api.parse(_body_of(row), self.limits)
             with self._tokenizer_lock:
                 prompt_ids = self.backend.encode(request.prompt)
             self._check_length(request, len(prompt_ids))
@@ -102,12 +105,12 @@ class GenerationService:
         runnable = [w for w in work if w.sequence is not None]
         by_sequence = {id(w.sequence): w for w in runnable}
         for w in runnable:
-            content_type = wire.NDJSON if w.sequence.request.stream else wire.JSON
-            context.set_response_content_type(w.index, content_type)
+            context.set_response_content_type(w.index, w.api.content_type(w.sequence.request))
 
         def on_text(sequence: Sequence, delta: str) -> None:
             if sequence.request.stream:
-                self._send_chunk(by_sequence[id(sequence)], wire.text_chunk(delta), context)
+                w = by_sequence[id(sequence)]
+                self._send_chunk(w, w.api.chunk(sequence, delta), context)
 
         try:
             self.engine.run([w.sequence for w in runnable], on_text)
@@ -134,15 +137,13 @@ class GenerationService:
         if error is not None:
             logger.info("request %s failed: %s %s", work.request_id, error.status, error.message)
             if work.chunks_sent:  # status 200 is already on the wire: report in-band
-                return wire.ndjson_line(wire.error_object(error))
+                return work.api.error(error, midstream=True)
             http = to_http(error)
             context.set_response_status(http.status, http.phrase, work.index)
-            context.set_response_content_type(work.index, wire.JSON)
-            return wire.ndjson_line(http.body).rstrip("\n")
+            context.set_response_content_type(work.index, "application/json")
+            return work.api.error(error, midstream=False)
         self._log_request(work)
-        if sequence.request.stream:
-            return wire.ndjson_line(wire.final_object(sequence, ""))
-        return wire.ndjson_line(wire.final_object(sequence, sequence.full_text)).rstrip("\n")
+        return work.api.final(sequence)
 
     def _log_request(self, work: Work) -> None:
         s = work.sequence

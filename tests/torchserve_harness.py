@@ -101,7 +101,7 @@ def run_batch(handler: Any, context: Context, rows: list[Any], headers: list[dic
     socket.sendall(create_predict_response(ret, req_ids, "Prediction success", 200, context))
     replies = {rid: Reply() for rid in req_ids.values()}
     for frame in socket.frames[:-1]:
-        for req_id, status, content_type, _, body in decode_frame(frame, 1):
+        for req_id, status, _, _, body in decode_frame(frame, 1):
             replies[req_id].chunks.append(body)
             replies[req_id].status = replies[req_id].status or status
     for req_id, status, content_type, _, body in decode_frame(socket.frames[-1], len(data)):

@@ -1,0 +1,37 @@
+"""What a wire protocol (native NDJSON, OpenAI SSE, ...) must provide.
+
+The service runs every request the same way; an `Api` only parses the body into a
+`GenerationRequest` and renders text, the last chunk and errors in its own format.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from handler.errors import ServingError
+from handler.protocol import GenerationRequest, Limits
+from handler.sequence import Sequence
+
+
+class Api(ABC):
+    name: str
+
+    @abstractmethod
+    def parse(self, body: Any, limits: Limits) -> GenerationRequest:
+        """Validate the body; raise `InvalidRequest` naming the bad field."""
+
+    @abstractmethod
+    def content_type(self, request: GenerationRequest) -> str: ...
+
+    @abstractmethod
+    def chunk(self, sequence: Sequence, delta: str) -> str:
+        """One streamed piece of text, framed for the wire."""
+
+    @abstractmethod
+    def final(self, sequence: Sequence) -> str:
+        """Streaming: what closes the stream. Non-streaming: the whole response body."""
+
+    @abstractmethod
+    def error(self, error: ServingError, midstream: bool) -> str:
+        """The error body; `midstream` when a 200 and some chunks are already on the wire."""

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from handler.failpoints import ENV_VAR as FAILPOINT_ENV
+from tests.torchserve_process import TorchServe, start_torchserve
+
+FAILPOINT_MARKER = "<<fail-inside-generate>>"
+
+E2E_MODEL_CONFIG = {
+    "minWorkers": 1,
+    "maxWorkers": 1,
+    "batchSize": 4,
+    "maxBatchDelay": 200,
+    "responseTimeout": 60,
+    "handler": {
+        "model_checkpoint_dir": "model",
+        "backend": "hf",
+        "n_positions": 1024,
+        "default_max_new_tokens": 32,
+        "max_new_tokens": 600,
+    },
+    "micro_batching": {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2}},
+}
+
+
+@pytest.fixture(scope="package")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
+    """One torchserve for the e2e tests of this package; stopped even if a test fails."""
+    workdir = tmp_path_factory.mktemp("torchserve")
+    ts = start_torchserve(workdir, tiny_model_dir, E2E_MODEL_CONFIG, env={FAILPOINT_ENV: FAILPOINT_MARKER})
+    try:
+        yield ts
+    finally:
+        ts.stop()
