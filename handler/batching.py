@@ -7,9 +7,19 @@ the frontend batch, but MicroBatching hands each stage only its slice of the bat
 
 from __future__ import annotations
 
+import logging
+
 from ts.handler_utils.micro_batching import MicroBatching
+
+logger = logging.getLogger(__name__)
 
 
 class IndexedMicroBatching(MicroBatching):
     def handle(self, data):
+        request_ids = getattr(self.handler.context, "request_ids", None) or {}
+        logger.info(
+            "frontend batch of %d request(s): %s",
+            len(data),
+            ",".join(request_ids.get(i, "?") for i in range(len(data))),
+        )
         return super().handle(list(enumerate(data)))

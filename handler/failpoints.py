@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 ENV_VAR = "INF2_FAILPOINT_PROMPT"
-FAIL_AFTER_STEPS = 3
+FAIL_AFTER_STEPS = 8
 
 
 class InjectedFailure(RuntimeError):

@@ -1,0 +1,58 @@
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from handler.config import ConfigError, ServingConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def minimal(**handler):
+    return {"batchSize": 4, "handler": {"model_checkpoint_dir": "model", **handler}}
+
+
+def test_shipped_model_config_parses():
+    config = ServingConfig.from_model_yaml(yaml.safe_load((REPO / "model-config.yaml").read_text()))
+    assert config.handler.backend == "hf"
+    assert config.micro_batching.micro_batch_size <= config.batch_size
+
+
+def test_defaults_and_immutability():
+    config = ServingConfig.from_model_yaml(minimal())
+    assert config.handler.amp == "f32"
+    assert config.micro_batching.micro_batch_size == 1
+    assert config.micro_batching.parallelism.inference == 1
+    with pytest.raises(ValidationError):
+        config.handler.amp = "bf16"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (minimal(tpdegree=2), "handler.tpdegree: unknown key"),
+        (minimal(amp="fp16"), "handler.amp"),
+        (minimal(amp="fp16"), "'f32', 'f16' or 'bf16'"),
+        (minimal(tp_degree=0), "handler.tp_degree"),
+        (minimal(tp_degree="2"), "handler.tp_degree"),
+        (minimal(n_positions=128, max_new_tokens=200, default_max_new_tokens=16), "leaves no room for a prompt"),
+        (minimal(default_max_new_tokens=600, max_new_tokens=512), "default_max_new_tokens (600) is above"),
+        ({"handler": {}}, "handler.model_checkpoint_dir: required key is missing"),
+        ({"batchSize": 4}, "'handler:' section is missing"),
+        ({**minimal(), "micro_batching": {"micro_batch_size": 8}}, "micro_batch_size (8) is above batchSize (4)"),
+        ({**minimal(), "micro_batching": {"parallelism": {"inferense": 1}}}, "micro_batching.parallelism.inferense"),
+        ({**minimal(), "batchSize": 0}, "batchSize must be a positive integer"),
+    ],
+)
+def test_bad_config_names_the_key(raw, expected):
+    with pytest.raises(ConfigError) as excinfo:
+        ServingConfig.from_model_yaml(raw)
+    assert expected in str(excinfo.value)
+
+
+def test_checkpoint_path_relative_to_archive_or_absolute(tmp_path):
+    relative = ServingConfig.from_model_yaml(minimal()).handler
+    assert relative.checkpoint_path(tmp_path) == tmp_path / "model"
+    absolute = ServingConfig.from_model_yaml(minimal(model_checkpoint_dir="/models/llama")).handler
+    assert absolute.checkpoint_path(tmp_path) == Path("/models/llama")
