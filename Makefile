@@ -19,6 +19,9 @@ METRICS_PORT ?= 8082
 MODEL_STORE ?= model_store
 BUILD ?= build
 TS_CONFIG := $(BUILD)/config.properties
+# TorchServe keeps its pid file in the temp dir; a private one keeps `make stop` from
+# stopping some other torchserve on the host (e.g. one a test started).
+TS_ENV := TMPDIR=$(abspath $(BUILD)) TEMP=$(abspath $(BUILD))
 PROMPT ?= Today the weather is really nice and I am planning on
 PYTEST_ARGS ?=
 
@@ -64,8 +67,8 @@ $(TS_CONFIG): Makefile
 serve: archive
 	$(MAKE) --no-print-directory $(TS_CONFIG) -B
 	mkdir -p logs
-	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 $(BIN)/torchserve --start --ncs \
-		--ts-config $(TS_CONFIG) --model-store $(MODEL_STORE) --models $(MODEL_NAME)=$(MODEL_NAME) \
+	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 $(TS_ENV) $(BIN)/torchserve --start --ncs \
+		--ts-config $(TS_CONFIG) --log-config serving/log4j2.xml --model-store $(MODEL_STORE) --models $(MODEL_NAME)=$(MODEL_NAME) \
 		> logs/torchserve.out 2>&1
 	@$(PY) scripts/client.py --url http://$(HOST):$(INFERENCE_PORT) --model $(MODEL_NAME) wait --timeout 600 --log logs/ts_log.log \
 		|| (tail -n 40 logs/ts_log.log; $(MAKE) --no-print-directory stop; exit 1)
@@ -76,9 +79,9 @@ serve: archive
 	@echo "       -d '{\"prompt\": \"Today the weather is\", \"max_new_tokens\": 64}' http://$(HOST):$(INFERENCE_PORT)/predictions/$(MODEL_NAME)"
 	@echo "  make stop"
 
-stop:
-	-$(BIN)/torchserve --stop
-	@for i in $$(seq 1 30); do pgrep -f org.pytorch.serve.ModelServer >/dev/null || exit 0; sleep 0.5; done
+stop:  # returns once the frontend process is gone (torchserve --stop returns at once)
+	-@pid=$$(cat $(BUILD)/.model_server.pid 2>/dev/null); $(TS_ENV) $(BIN)/torchserve --stop; \
+		[ -z "$$pid" ] || for i in $$(seq 1 40); do kill -0 $$pid 2>/dev/null || exit 0; sleep 0.5; done
 
 demo: venv
 	$(PY) scripts/client.py --url http://$(HOST):$(INFERENCE_PORT) --model $(MODEL_NAME) \

@@ -68,7 +68,17 @@ class TorchServe:
             return False
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1", **self.env}
+        # TorchServe keeps its pid file in the temp dir and refuses to start (or stops the
+        # wrong server) when another instance shares it: give each instance its own.
+        tmp = str(self.workdir)
+        return {
+            **os.environ,
+            "PATH": f"{BIN}:{os.environ['PATH']}",
+            "HF_HUB_OFFLINE": "1",
+            "TMPDIR": tmp,
+            "TEMP": tmp,
+            **self.env,
+        }
 
 
 def build_archive(workdir: Path, model_dir: Path, model_config: dict[str, Any], model_name: str) -> Path:
@@ -116,6 +126,7 @@ def start_torchserve(
     with open(workdir / "torchserve.out", "wb") as out:
         subprocess.run(
             [str(BIN / "torchserve"), "--start", "--ncs", "--ts-config", str(workdir / "config.properties")]
+            + ["--log-config", str(REPO / "serving" / "log4j2.xml")]
             + ["--model-store", str(store), "--models", f"{model_name}={model_name}"],
             cwd=workdir,
             env=server._env(),
