@@ -16,6 +16,8 @@ HOST ?= 127.0.0.1
 INFERENCE_PORT ?= 8080
 MANAGEMENT_PORT ?= 8081
 METRICS_PORT ?= 8082
+GRPC_INFERENCE_PORT ?= 7070
+GRPC_MANAGEMENT_PORT ?= 7071
 MODEL_STORE ?= model_store
 BUILD ?= build
 TS_CONFIG := $(BUILD)/config.properties
@@ -60,6 +62,8 @@ $(TS_CONFIG): Makefile
 		"inference_address=http://$(HOST):$(INFERENCE_PORT)" \
 		"management_address=http://$(HOST):$(MANAGEMENT_PORT)" \
 		"metrics_address=http://$(HOST):$(METRICS_PORT)" \
+		"grpc_inference_port=$(GRPC_INFERENCE_PORT)" \
+		"grpc_management_port=$(GRPC_MANAGEMENT_PORT)" \
 		"model_store=$(MODEL_STORE)" \
 		"load_models=$(MODEL_NAME)" \
 		"default_response_timeout=300" > $@

@@ -118,6 +118,9 @@ def start_torchserve(
         "inference_address": f"http://127.0.0.1:{server.inference_port}",
         "management_address": f"http://127.0.0.1:{server.management_port}",
         "metrics_address": f"http://127.0.0.1:{server.metrics_port}",
+        # gRPC cannot be switched off; its fixed default ports (7070/7071) would collide.
+        "grpc_inference_port": str(free_port()),
+        "grpc_management_port": str(free_port()),
         "model_store": str(store),
         "load_models": model_name,
         **(extra_properties or {}),
