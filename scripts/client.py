@@ -82,6 +82,7 @@ def main() -> None:
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float)
     gen.add_argument("--seed", type=int)
+    gen.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
     wait = sub.add_parser("wait", help="wait until the model answers")
     wait.add_argument("--timeout", type=float, default=300)
     wait.add_argument("--log", type=Path, help="TorchServe log to watch for load failures")
@@ -99,16 +100,21 @@ def main() -> None:
             body["temperature"] = args.temperature
         if args.seed is not None:
             body["seed"] = args.seed
+        if args.ignore_eos:
+            body["ignore_eos"] = True
         started = time.monotonic()
+        first_chunk_at = None
         sys.stdout.write(args.prompt)
         for chunk in stream_generate(url, body, auth_headers(args.key_file)):
+            first_chunk_at = first_chunk_at or time.monotonic() - started
             sys.stdout.write(chunk.get("text", ""))
             sys.stdout.flush()
             if "finish_reason" in chunk:
                 usage = chunk["usage"]
                 print(
                     f"\n[finish_reason={chunk['finish_reason']} prompt_tokens={usage['prompt_tokens']} "
-                    f"completion_tokens={usage['completion_tokens']} in {time.monotonic() - started:.2f} s]"
+                    f"completion_tokens={usage['completion_tokens']} first chunk after {first_chunk_at:.3f} s, "
+                    f"last after {time.monotonic() - started:.3f} s]"
                 )
             if "error" in chunk:
                 raise SystemExit(f"\nerror: {chunk['error']['message']}")
