@@ -53,7 +53,7 @@ archive: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
 	$(BIN)/torch-model-archiver --model-name $(MODEL_NAME) --version 1.0 \
 		--handler $(BUILD)/stage/handler/inf2_handler.py --extra-files $(BUILD)/stage \
 		--config-file $(BUILD)/stage/model-config.yaml \
-		--archive-format no-archive --export-path $(MODEL_STORE) -f
+		--archive-format no-archive --export-path $(MODEL_STORE) -f $(ARCHIVER_ARGS)
 	@echo "archive: $(MODEL_STORE)/$(MODEL_NAME)"
 
 $(TS_CONFIG): Makefile
@@ -74,7 +74,8 @@ serve: archive
 	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 $(TS_ENV) $(BIN)/torchserve --start --ncs \
 		--ts-config $(TS_CONFIG) --log-config serving/log4j2.xml --model-store $(MODEL_STORE) --models $(MODEL_NAME)=$(MODEL_NAME) \
 		> logs/torchserve.out 2>&1
-	@$(PY) scripts/client.py --url http://$(HOST):$(INFERENCE_PORT) --model $(MODEL_NAME) wait --timeout 600 --log logs/ts_log.log \
+	@$(PY) scripts/client.py --url http://$(HOST):$(INFERENCE_PORT) --model $(MODEL_NAME) wait --timeout 600 \
+		--log logs/ts_log.log --pid-file $(BUILD)/.model_server.pid \
 		|| (tail -n 40 logs/ts_log.log; $(MAKE) --no-print-directory stop; exit 1)
 	@echo
 	@echo "Serving $(MODEL_NAME) on http://$(HOST):$(INFERENCE_PORT) (token auth on; key in key_file.json). Try:"

@@ -12,6 +12,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from handler.neuron.config import NeuronxConfig
+
 AMP_TYPES = ("f32", "f16", "bf16")
 SectionT = TypeVar("SectionT", bound=BaseModel)
 
@@ -32,6 +34,15 @@ class Parallelism(_Section):
     postprocess: int = Field(default=1, ge=1, le=16)
 
 
+class SimConfig(_Section):
+    """The `handler.sim:` section: the simulated Inferentia backend (no weights)."""
+
+    profile: str = Field(min_length=1, description="timing profile file (absolute, or relative to the archive)")
+    charge: Literal["live_rows", "compiled_batch"] = "live_rows"
+    time_scale: float = Field(default=1.0, ge=0, description="multiplies every simulated sleep; 0 = no sleeping")
+    mean_natural_tokens: int = Field(default=256, ge=1, description="mean length at which a request emits EOS")
+
+
 class MicroBatchingConfig(_Section):
     micro_batch_size: int = Field(default=1, ge=1, le=256)
     parallelism: Parallelism = Parallelism()
@@ -41,7 +52,7 @@ class HandlerConfig(_Section):
     """The `handler:` section."""
 
     model_checkpoint_dir: str = Field(min_length=1)
-    backend: Literal["hf"] = "hf"
+    backend: Literal["hf", "sim", "neuronx", "auto"] = "hf"
     amp: Literal["f32", "f16", "bf16"] = "f32"
     tp_degree: int = Field(default=1, ge=1, le=32)
     n_positions: int = Field(default=1024, ge=8)
@@ -49,6 +60,8 @@ class HandlerConfig(_Section):
     max_new_tokens: int = Field(default=512, ge=1, description="the largest max_new_tokens a request may ask for")
     trust_remote_code: bool = False
     generate_timeout_s: float = Field(default=600.0, gt=0, description="longest wait for one decode step")
+    sim: SimConfig | None = None
+    neuronx: NeuronxConfig = NeuronxConfig()  # read by backend neuronx (and auto on an inf2 host)
 
     @model_validator(mode="after")
     def _check_lengths(self) -> HandlerConfig:

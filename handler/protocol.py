@@ -47,6 +47,8 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stream: bool = True
     ignore_eos: bool = False
+    # False for a prompt that already holds its special tokens (a rendered chat template).
+    add_special_tokens: bool = True
 
 
 @dataclass(frozen=True)

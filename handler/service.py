@@ -25,6 +25,7 @@ from handler.backends.loader import load_backend
 from handler.config import ServingConfig
 from handler.engine import MicroBatchEngine
 from handler.errors import EngineError, InvalidRequest, ServingError, to_http
+from handler.metrics import TokenMetrics, arrival_time
 from handler.protocol import GenerationRequest, Limits
 from handler.sequence import Sequence
 
@@ -41,6 +42,8 @@ class Work:
     sequence: Sequence | None = None
     error: ServingError | None = None
     chunks_sent: int = 0
+    arrived_at: float = 0.0  # perf_counter clock; see handler/metrics.py
+    reply: str | None = None  # a route answered without generating (e.g. v1/models)
 
 
 class GenerationService:
@@ -51,13 +54,15 @@ class GenerationService:
         self.limits = Limits(config.handler.default_max_new_tokens, config.handler.max_new_tokens)
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to share across threads
         self._socket_lock = threading.Lock()  # inference threads share the worker's one socket
+        compiled = getattr(backend, "static_batch_size", None) or config.micro_batching.micro_batch_size
+        self.token_metrics = TokenMetrics(compiled)
 
     @classmethod
     def from_context(cls, context: Any) -> GenerationService:
         config = ServingConfig.from_model_yaml(context.model_yaml_config)
         model_dir = context.system_properties.get("model_dir")
         started = time.perf_counter()
-        backend = load_backend(config, model_dir)
+        backend = load_backend(config, model_dir, context)
         backend.warmup()
         logger.info(
             "backend %s ready in %.1f s (n_positions=%d, micro_batch_size=%d)",
@@ -74,11 +79,18 @@ class GenerationService:
 
     def _prepare_one(self, index: int, row: Any, context: Any) -> Work:
         work = Work(index, context.get_request_id(index) or str(index), NativeApi())
+        work.arrived_at = arrival_time(context, index)
         try:
             work.api = select_api(context.get_request_header(index, "url_path"), context.model_name)
-            request = work.api.parse(_body_of(row), self.limits)
+            work.reply = work.api.immediate()
+            if work.reply is not None:
+                return work
+            request = work.api.parse(_body_of(row), self.limits, self.backend.tokenizer)
             with self._tokenizer_lock:
-                prompt_ids = self.backend.encode(request.prompt)
+                if request.add_special_tokens:
+                    prompt_ids = self.backend.encode(request.prompt)
+                else:  # a rendered chat template already holds them
+                    prompt_ids = self.backend.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
             self._check_length(request, len(prompt_ids))
             work.sequence = Sequence(
                 request, prompt_ids, self.backend.tokenizer, self.backend.eos_token_ids, work.request_id
@@ -104,6 +116,7 @@ class GenerationService:
     def generate(self, work: list[Work], context: Any) -> list[Work]:
         runnable = [w for w in work if w.sequence is not None]
         by_sequence = {id(w.sequence): w for w in runnable}
+        self.token_metrics.micro_batch_started(context, [w.arrived_at for w in runnable])
         for w in runnable:
             context.set_response_content_type(w.index, w.api.content_type(w.sequence.request))
 
@@ -132,6 +145,9 @@ class GenerationService:
         return [self._finish_one(w, context) for w in work]
 
     def _finish_one(self, work: Work, context: Any) -> str:
+        if work.reply is not None:
+            context.set_response_content_type(work.index, "application/json")
+            return work.reply
         sequence = work.sequence
         error = work.error or (sequence.error if sequence else None)
         if error is not None:
@@ -143,6 +159,7 @@ class GenerationService:
             context.set_response_content_type(work.index, "application/json")
             return work.api.error(error, midstream=False)
         self._log_request(work)
+        self.token_metrics.request_finished(context, sequence)
         return work.api.final(sequence)
 
     def _log_request(self, work: Work) -> None:

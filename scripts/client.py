@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,10 +43,13 @@ def stream_generate(url: str, body: dict, headers: dict[str, str], timeout: floa
                 yield json.loads(line)
 
 
-def wait_ready(url: str, key_file: Path, timeout: float, log: Path | None = None) -> float:
+def wait_ready(
+    url: str, key_file: Path, timeout: float, log: Path | None = None, pid_file: Path | None = None
+) -> float:
     """Poll with a one-token request until the model answers 200; return seconds waited.
 
-    Gives up early when the TorchServe log shows the model failing to load.
+    Gives up early when the TorchServe log shows the model failing to load, or when the
+    TorchServe process is gone (e.g. a port was already taken).
     """
     started = time.monotonic()
     log_start = log.stat().st_size if log and log.exists() else 0
@@ -61,8 +65,18 @@ def wait_ready(url: str, key_file: Path, timeout: float, log: Path | None = None
             last = repr(exc)
         if log and log.exists() and _load_failed(log, log_start):
             raise SystemExit(f"the model failed to load; see {log}")
+        if pid_file and not _alive(pid_file):
+            raise SystemExit("torchserve is not running (a port in use?); see logs/torchserve.out")
         time.sleep(0.5)
     raise SystemExit(f"model did not answer within {timeout:.0f} s ({last}); see logs/ts_log.log")
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text().split()[0]), 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
 
 
 def _load_failed(log: Path, offset: int) -> bool:
@@ -86,6 +100,7 @@ def main() -> None:
     wait = sub.add_parser("wait", help="wait until the model answers")
     wait.add_argument("--timeout", type=float, default=300)
     wait.add_argument("--log", type=Path, help="TorchServe log to watch for load failures")
+    wait.add_argument("--pid-file", type=Path, help="TorchServe's pid file: stop waiting when it is gone")
     sub.add_parser("token", help="print the inference key")
     args = parser.parse_args()
 
@@ -93,7 +108,8 @@ def main() -> None:
     if args.command == "token":
         print(inference_key(args.key_file) or "")
     elif args.command == "wait":
-        print(f"model {args.model} answered after {wait_ready(url, args.key_file, args.timeout, args.log):.1f} s")
+        waited = wait_ready(url, args.key_file, args.timeout, args.log, args.pid_file)
+        print(f"model {args.model} answered after {waited:.1f} s")
     else:
         body = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens}
         if args.temperature is not None:

@@ -158,7 +158,7 @@ def _wait_ready(server: TorchServe, timeout: float) -> None:
                 if response.status_code == 200:
                     return
                 last = f"{response.status_code} {response.text[:200]}"
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, ValueError) as exc:  # ValueError: key_file.json still being written
             last = repr(exc)
         time.sleep(0.5)
     tail = "\n".join(server.log_text("ts_log.log").splitlines()[-40:])

@@ -18,8 +18,17 @@ class Api(ABC):
     name: str
 
     @abstractmethod
-    def parse(self, body: Any, limits: Limits) -> GenerationRequest:
-        """Validate the body; raise `InvalidRequest` naming the bad field."""
+    def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
+        """Validate the body; raise `InvalidRequest` naming the bad field.
+
+        `tokenizer` (the backend's) is for routes that build the prompt themselves,
+        e.g. chat messages rendered with the model's chat template.
+        """
+
+    def immediate(self) -> str | None:
+        """The whole response body for a route that needs no generation (a model
+        listing); None (the default) to parse the body and generate."""
+        return None
 
     @abstractmethod
     def content_type(self, request: GenerationRequest) -> str: ...

@@ -30,7 +30,7 @@ def usage(sequence: Sequence) -> dict[str, int]:
 class NativeApi(Api):
     name = "native"
 
-    def parse(self, body: Any, limits: Limits) -> GenerationRequest:
+    def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
         return parse_request(body, limits)
 
     def content_type(self, request: GenerationRequest) -> str:

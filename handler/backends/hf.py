@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from handler.backends.generate_backend import GenerateBackend
@@ -14,6 +15,9 @@ from handler.config import HandlerConfig
 logger = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+# transformers 4.56 renamed `torch_dtype=` to `dtype=`; Neuron environments pin 4.4x.
+_MAJOR_MINOR = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+DTYPE_KWARG = "dtype" if _MAJOR_MINOR >= (4, 56) else "torch_dtype"
 
 
 def load_tokenizer(checkpoint: Path, trust_remote_code: bool):
@@ -39,7 +43,7 @@ class HFBackend(GenerateBackend):
             local_files_only=True,
             use_safetensors=True,
             trust_remote_code=config.trust_remote_code,
-            dtype=TORCH_DTYPES[config.amp],
+            **{DTYPE_KWARG: TORCH_DTYPES[config.amp]},
         ).eval()
         self.pad_token_id = self.tokenizer.pad_token_id
         self.eos_token_ids = eos_token_ids(self.generation_model.config, self.tokenizer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from handler.backends.base import Backend
 from handler.config import ConfigError, ServingConfig
@@ -11,7 +12,11 @@ from handler.config import ConfigError, ServingConfig
 logger = logging.getLogger(__name__)
 
 
-def load_backend(config: ServingConfig, model_dir: str | Path | None) -> Backend:
+def load_backend(config: ServingConfig, model_dir: str | Path | None, context: Any = None) -> Backend:
+    """`context` (TorchServe's) gives neuronx this worker's gpu_id and the worker count."""
+    from handler.neuron.auto import resolve_auto, worker_of
+
+    config = resolve_auto(config)
     handler = config.handler
     checkpoint = handler.checkpoint_path(model_dir or ".")
     if not checkpoint.is_dir():
@@ -24,4 +29,12 @@ def load_backend(config: ServingConfig, model_dir: str | Path | None) -> Backend
         from handler.backends.hf import HFBackend
 
         return HFBackend(handler, checkpoint)
+    if handler.backend == "sim":
+        from handler.backends.sim import SimBackend
+
+        return SimBackend(handler, checkpoint, model_dir)
+    if handler.backend == "neuronx":
+        from handler.backends.neuronx import NeuronxBackend
+
+        return NeuronxBackend(config, checkpoint, *worker_of(context))
     raise ConfigError(f"model-config.yaml: handler.backend: unknown backend {handler.backend!r}")

@@ -1,0 +1,294 @@
+"""OpenAI-compatible routes: `v1/completions`, `v1/chat/completions` and `v1/models`.
+
+TorchServe passes the path after `/predictions/<model>/<version>/` as the `url_path`
+request header, so an OpenAI client pointed at
+`http://host:8080/predictions/<model>/1.0/v1` reaches these classes unchanged.
+
+Streaming answers are server-sent events: one `data: {json}\\n\\n` per piece of text,
+a last chunk carrying `finish_reason`, a usage chunk (empty `choices`) when
+`stream_options.include_usage` is set, then `data: [DONE]\\n\\n`. An error after the
+first event is sent in-band as a `data: {"error": ...}` event followed by `[DONE]`.
+
+One instance serves one request (`select_api` builds a fresh one), so the id, the
+`created` time and whether the first chunk went out live on the instance.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ValidationError
+
+from handler.api.base import Api
+from handler.api.chat_template import render_chat
+from handler.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from handler.errors import InvalidRequest, NotFound, ServingError, to_http
+from handler.protocol import MAX_STOP_STRINGS, GenerationRequest, Limits, SamplingParams, decode_body
+from handler.sequence import FinishReason, Sequence
+
+logger = logging.getLogger(__name__)
+
+SSE = "text/event-stream"
+JSON = "application/json"
+DONE = "data: [DONE]\n\n"
+OWNER = "inf2-llm-serving"
+
+_FINISH_REASONS = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+# The service checks lengths with native names; tell OpenAI clients their own.
+_PARAM_NAMES = {"max_new_tokens": "max_tokens"}
+
+
+def _json(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {_json(obj)}\n\n"
+
+
+def error_body(error: ServingError) -> dict[str, Any]:
+    """The OpenAI error object: {"error": {"message", "type", "param", "code"}}."""
+    body = to_http(error).body
+    inner = dict(body["error"])
+    inner["param"] = _PARAM_NAMES.get(inner.get("param"), inner.get("param"))
+    inner["code"] = None
+    return {"error": inner}
+
+
+def usage(sequence: Sequence) -> dict[str, int]:
+    prompt, completion = len(sequence.prompt_ids), sequence.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(part) for part in _param_path(data, err["loc"], err["type"] == "missing")) or "body"
+        if err["type"] == "missing":
+            raise InvalidRequest(f"'{param}' is required", param) from None
+        raise InvalidRequest(f"'{param}': {err['msg']}", param) from None
+
+
+def _param_path(data: Any, loc: tuple[Any, ...], missing: bool) -> list[Any]:
+    """The error's location in the body, without pydantic's union tags (`prompt.str` -> `prompt`)."""
+    path: list[Any] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif not (missing and isinstance(node, dict)):
+            continue  # a union member's name, not a place in the body
+        path.append(part)
+    return path
+
+
+class _OpenAIGeneration(Api):
+    """What completions and chat completions share; subclasses say how a prompt is built
+    and how a choice looks."""
+
+    schema: ClassVar[type[BaseModel]]
+    id_prefix: ClassVar[str]
+    object_name: ClassVar[str]
+    chunk_object_name: ClassVar[str]
+    prompt_param: ClassVar[str]  # the field an empty prompt is blamed on
+
+    def __init__(self, model_name: str) -> None:
+        self.model = model_name
+        self.created = int(time.time())
+        self.include_usage = False
+        self.started = False
+
+    # -- request -----------------------------------------------------------------
+    def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
+        decoded = decode_body(body)
+        if isinstance(decoded, str):
+            raise InvalidRequest("the request body must be a JSON object", "body")
+        req = _validate(self.schema, decoded)
+        extra = sorted((req.model_extra or {}).keys())
+        if extra:
+            logger.info("%s: ignoring unsupported fields: %s", self.name, ", ".join(extra))
+        if req.n not in (None, 1):
+            raise InvalidRequest(f"only n=1 is supported, got n={req.n}", "n")
+        self.model = req.model or self.model
+        self.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        prompt, add_special_tokens = self._prompt(req, tokenizer)
+        if not prompt.strip():
+            raise InvalidRequest("the prompt is empty", self.prompt_param)
+        return GenerationRequest(
+            prompt=prompt,
+            max_new_tokens=_max_tokens(req, limits),
+            sampling=_sampling(req),
+            stop=_stop(req.stop),
+            stream=bool(req.stream),
+            ignore_eos=bool(req.ignore_eos),
+            add_special_tokens=add_special_tokens,
+        )
+
+    @abstractmethod
+    def _prompt(self, req: Any, tokenizer: Any) -> tuple[str, bool]:
+        """The prompt text, and whether tokenizing it should add the special tokens."""
+
+    def content_type(self, request: GenerationRequest) -> str:
+        return SSE if request.stream else JSON
+
+    # -- response ----------------------------------------------------------------
+    def _envelope(self, sequence: Sequence, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": f"{self.id_prefix}-{sequence.request_id}",
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def _event(self, sequence: Sequence, choice: dict[str, Any]) -> str:
+        body = self._envelope(sequence, self.chunk_object_name, [choice])
+        if self.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    @abstractmethod
+    def _stream_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def _whole_choice(self, text: str, finish_reason: str) -> dict[str, Any]: ...
+
+    def chunk(self, sequence: Sequence, delta: str) -> str:
+        event = self._event(sequence, self._stream_choice(delta, None))
+        self.started = True
+        return event
+
+    def final(self, sequence: Sequence) -> str:
+        reason = _FINISH_REASONS[sequence.finish_reason]
+        if not sequence.request.stream:
+            body = self._envelope(sequence, self.object_name, [self._whole_choice(sequence.full_text, reason)])
+            body["usage"] = usage(sequence)
+            return _json(body)
+        out = self._event(sequence, self._stream_choice("", reason))
+        self.started = True
+        if self.include_usage:
+            body = self._envelope(sequence, self.chunk_object_name, [])
+            body["usage"] = usage(sequence)
+            out += sse(body)
+        return out + DONE
+
+    def error(self, error: ServingError, midstream: bool) -> str:
+        body = error_body(error)
+        return sse(body) + DONE if midstream else _json(body)
+
+
+class CompletionsApi(_OpenAIGeneration):
+    name = "openai.completions"
+    schema = CompletionRequest
+    id_prefix = "cmpl"
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+    prompt_param = "prompt"
+
+    def _prompt(self, req: CompletionRequest, tokenizer: Any) -> tuple[str, bool]:
+        if req.echo:
+            raise InvalidRequest("echo is not supported", "echo")
+        if isinstance(req.prompt, list):
+            if len(req.prompt) != 1:
+                raise InvalidRequest(
+                    f"prompt must be a string or a list of one string, got {len(req.prompt)} items", "prompt"
+                )
+            return req.prompt[0], True
+        return req.prompt, True
+
+    def _stream_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def _whole_choice(self, text: str, finish_reason: str) -> dict[str, Any]:
+        return self._stream_choice(text, finish_reason)
+
+
+class ChatCompletionsApi(_OpenAIGeneration):
+    name = "openai.chat"
+    schema = ChatCompletionRequest
+    id_prefix = "chatcmpl"
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+    prompt_param = "messages"
+
+    def _prompt(self, req: ChatCompletionRequest, tokenizer: Any) -> tuple[str, bool]:
+        return render_chat(tokenizer, req.template_messages()), False
+
+    def _stream_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        delta: dict[str, Any] = {} if self.started else {"role": "assistant"}
+        if text or not self.started or finish_reason is None:
+            delta["content"] = text
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+    def _whole_choice(self, text: str, finish_reason: str) -> dict[str, Any]:
+        message = {"role": "assistant", "content": text}
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+
+
+class ModelsApi(Api):
+    """`GET /v1/models` (and `/v1/models/<id>`): answered without running the model."""
+
+    name = "openai.models"
+
+    def __init__(self, model_name: str, model_id: str | None = None) -> None:
+        self.model_name = model_name
+        self.model_id = model_id
+
+    def _card(self) -> dict[str, Any]:
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": OWNER}
+
+    def immediate(self) -> str | None:
+        if self.model_id is None:
+            return _json({"object": "list", "data": [self._card()]})
+        if self.model_id != self.model_name:
+            raise NotFound(f"the model '{self.model_id}' does not exist; this server has '{self.model_name}'", "model")
+        return _json(self._card())
+
+    def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
+        raise InvalidRequest("v1/models generates nothing", "url_path")
+
+    def content_type(self, request: GenerationRequest) -> str:
+        return JSON
+
+    def chunk(self, sequence: Sequence, delta: str) -> str:
+        raise NotImplementedError
+
+    def final(self, sequence: Sequence) -> str:
+        raise NotImplementedError
+
+    def error(self, error: ServingError, midstream: bool) -> str:
+        return _json(error_body(error))
+
+
+def _max_tokens(req: Any, limits: Limits) -> int:
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    value = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if value is None:
+        return limits.default_max_new_tokens
+    if not 1 <= value <= limits.max_new_tokens:
+        raise InvalidRequest(f"{param} must be between 1 and {limits.max_new_tokens}, got {value}", param)
+    return value
+
+
+def _sampling(req: Any) -> SamplingParams:
+    """OpenAI defaults: temperature 1 (sampling); temperature 0 is greedy."""
+    temperature = 1.0 if req.temperature is None else float(req.temperature)
+    top_p = 1.0 if req.top_p is None else float(req.top_p)
+    return SamplingParams(do_sample=temperature > 0, temperature=temperature, top_p=top_p, seed=req.seed)
+
+
+def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}", "stop")
+    if any(s == "" for s in stops):
+        raise InvalidRequest("stop strings must not be empty", "stop")
+    return tuple(stops)

@@ -1,0 +1,70 @@
+"""Pydantic models of the OpenAI request bodies this server accepts.
+
+Only the fields that change what is generated are modelled; any other field
+(`user`, `logit_bias`, `presence_penalty`, ...) is kept in `model_extra`, logged once
+and ignored, as the OpenAI API reference allows a server to do for knobs it lacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class StreamOptions(_Lenient):
+    include_usage: StrictBool = False
+
+
+class _Common(_Lenient):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    temperature: StrictFloat | StrictInt | None = Field(default=None, ge=0, le=2)
+    top_p: StrictFloat | StrictInt | None = Field(default=None, gt=0, le=1)
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = Field(default=None, ge=0, lt=2**63)
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt | None = 1
+    ignore_eos: StrictBool | None = None
+
+
+class CompletionRequest(_Common):
+    """`POST /v1/completions`: a prompt is a string or a list holding one string."""
+
+    prompt: StrictStr | list[StrictStr]
+    echo: StrictBool | None = None
+
+
+class TextPart(_Lenient):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(_Lenient):
+    role: StrictStr = Field(min_length=1)
+    content: StrictStr | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_Common):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """Messages as chat templates expect them: text content only."""
+        return [{"role": m.role, "content": m.text()} for m in self.messages]

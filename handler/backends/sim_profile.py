@@ -1,0 +1,112 @@
+"""Timing profiles of compiled Neuron models, for the `sim` backend and the benchmarks.
+
+A profile describes one compiled model the way transformers-neuronx builds it: a static
+`batch_size`, `n_positions`, the context-length buckets a prompt is padded to, and
+published step times:
+
+- `decode_step_ms`: time of one decode step by the number of rows in it (per-token
+  latency p50); linear in between, extended linearly beyond the points.
+- `prefill_ms`: time of the context encoding (TTFT p50) by prompt tokens processed,
+  rows x bucket length; linear in between and beyond.
+
+Profiles are YAML files in `profiles/`, each naming its source.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+class ProfileError(ValueError):
+    """The profile file is missing or wrong; the message names the file and the key."""
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    batch_size: int = Field(ge=1)
+    n_positions: int = Field(ge=8)
+    context_buckets: tuple[int, ...] = Field(min_length=1)
+    decode_step_ms: dict[int, float] = Field(min_length=1)
+    prefill_ms: dict[int, float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> Profile:
+        if list(self.context_buckets) != sorted(set(self.context_buckets)) or self.context_buckets[0] < 1:
+            raise ValueError("context_buckets must be positive and strictly increasing")
+        if self.context_buckets[-1] > self.n_positions:
+            raise ValueError(f"the largest context bucket {self.context_buckets[-1]} is above n_positions")
+        for key, table in (("decode_step_ms", self.decode_step_ms), ("prefill_ms", self.prefill_ms)):
+            if any(k < 1 or not (v > 0 and math.isfinite(v)) for k, v in table.items()):
+                raise ValueError(f"{key}: keys must be >= 1 and times positive")
+        return self
+
+    # -- the model's timing ------------------------------------------------------
+    def decode_s(self, rows: int) -> float:
+        """Seconds for one decode step of `rows` rows."""
+        return _interpolate(sorted(self.decode_step_ms.items()), rows) / 1000
+
+    def buckets_for(self, prompt_tokens: int) -> list[int]:
+        """The context buckets one prompt is encoded in: the smallest that fits, or
+        several passes of the largest for a prompt longer than every bucket."""
+        i = bisect_left(self.context_buckets, prompt_tokens)
+        if i < len(self.context_buckets):
+            return [self.context_buckets[i]]
+        largest = self.context_buckets[-1]
+        return [largest] * math.ceil(prompt_tokens / largest)
+
+    def prefill_s(self, rows: int, longest_prompt: int) -> float:
+        """Seconds to encode a batch of `rows` prompts padded to the longest one's bucket."""
+        points = sorted(self.prefill_ms.items())
+        return sum(_interpolate(points, rows * bucket) for bucket in self.buckets_for(longest_prompt)) / 1000
+
+    def ideal_tokens_per_s(self) -> float:
+        """The roofline of this profile: a full batch every decode step."""
+        return self.batch_size / self.decode_s(self.batch_size)
+
+
+def _interpolate(points: Sequence[tuple[int, float]], x: float) -> float:
+    """Piecewise-linear through the points, extended linearly; one point is a constant."""
+    if len(points) == 1:
+        return points[0][1]
+    i = min(max(bisect_left([p[0] for p in points], x), 1), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def resolve_profile_path(profile: str, model_dir: str | Path | None) -> Path:
+    """An absolute path, or one relative to the model archive, the repository, or the
+    working directory (first that exists)."""
+    path = Path(profile)
+    if path.is_absolute():
+        return path
+    bases = [Path(model_dir)] if model_dir else []
+    for base in [*bases, REPO_ROOT, Path.cwd()]:
+        if (base / path).is_file():
+            return base / path
+    return (bases[0] if bases else REPO_ROOT) / path
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"sim profile {path}: cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"sim profile {path}: not valid YAML ({exc})") from None
+    try:
+        return Profile.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors())
+        raise ProfileError(f"sim profile {path}: {problems}") from None

@@ -1,0 +1,141 @@
+"""Token-level serving metrics, reported as TorchServe custom metrics.
+
+Per request (when it finishes successfully):
+  llm_time_to_first_token_seconds  from the handler receiving the request to its first token
+  llm_inter_token_latency_seconds  (last token - first token) / (tokens - 1), as guidellm
+                                   computes ITL; not reported for one-token requests
+  llm_generated_tokens             completion tokens (a counter: rate() is output tok/s)
+  llm_queue_wait_seconds           from arrival to the start of its micro-batch's generate
+Per micro-batch:
+  llm_micro_batch_fill_ratio       real rows / compiled batch size
+
+"Arrival" is the `X-Request-Start` request header when a client or proxy sets it
+(`t=<unix seconds>` or plain unix seconds; milliseconds and microseconds are recognised
+by size, as nginx and Heroku write them), which then also counts the time the request
+waited in TorchServe's frontend queue and batch delay. TorchServe itself does not tell
+the handler when a request reached the frontend, so without the header arrival is when
+the handler received it, and queue wait is only the wait inside the worker (for earlier
+micro-batches of the same frontend batch). TorchServe's own `QueueTime` metric covers
+the frontend queue per batch.
+
+In `metrics_mode=prometheus`, histograms export `_sum` and `_count` (means: rate(sum) /
+rate(count)) and the frontend's default buckets; values are in seconds for that reason.
+TorchServe prefixes nothing; it adds the ModelName, Level and Hostname labels.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ts.metrics.metric_type_enum import MetricTypes
+
+from handler.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+REQUEST_START_HEADERS = ("X-Request-Start", "x-request-start")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    unit: str
+    metric_type: MetricTypes
+
+
+TTFT = MetricSpec("llm_time_to_first_token_seconds", "s", MetricTypes.HISTOGRAM)
+ITL = MetricSpec("llm_inter_token_latency_seconds", "s", MetricTypes.HISTOGRAM)
+GENERATED_TOKENS = MetricSpec("llm_generated_tokens", "count", MetricTypes.COUNTER)
+QUEUE_WAIT = MetricSpec("llm_queue_wait_seconds", "s", MetricTypes.HISTOGRAM)
+FILL = MetricSpec("llm_micro_batch_fill_ratio", "ratio", MetricTypes.HISTOGRAM)
+ALL_METRICS = (TTFT, ITL, GENERATED_TOKENS, QUEUE_WAIT, FILL)
+
+
+@dataclass(frozen=True)
+class RequestFigures:
+    ttft_s: float
+    itl_s: float | None
+    generated_tokens: int
+
+
+def request_figures(sequence: Sequence) -> RequestFigures | None:
+    """TTFT, mean ITL and token count of a finished sequence; None if it made no token."""
+    if sequence.first_token_at is None or sequence.completion_tokens == 0:
+        return None
+    ttft = sequence.first_token_at - sequence.received_at
+    itl = None
+    if sequence.completion_tokens > 1 and sequence.last_token_at is not None:
+        itl = (sequence.last_token_at - sequence.first_token_at) / (sequence.completion_tokens - 1)
+    return RequestFigures(ttft, itl, sequence.completion_tokens)
+
+
+def parse_request_start(value: str | None, now_wall: float | None = None) -> float | None:
+    """`X-Request-Start` as unix seconds; None when absent, malformed or implausible."""
+    if not value:
+        return None
+    text = value.strip()
+    text = text[2:] if text.startswith("t=") else text
+    try:
+        stamp = float(text)
+    except ValueError:
+        return None
+    for scale in (1.0, 1e3, 1e6):  # seconds, milliseconds, microseconds
+        seconds = stamp / scale
+        if seconds < 1e10:
+            break
+    now_wall = time.time() if now_wall is None else now_wall
+    if not now_wall - 3600 <= seconds <= now_wall + 1:  # another clock or a stale stamp: ignore
+        return None
+    return seconds
+
+
+def arrival_time(context: Any, index: int) -> float:
+    """When request `index` arrived, on the `time.perf_counter()` clock."""
+    now = time.perf_counter()
+    try:
+        for header in REQUEST_START_HEADERS:
+            wall = parse_request_start(context.get_request_header(index, header))
+            if wall is not None:
+                return now - max(0.0, time.time() - wall)
+    except Exception:  # metrics must never fail a request
+        logger.debug("could not read X-Request-Start", exc_info=True)
+    return now
+
+
+class TokenMetrics:
+    """Emits the metrics above through `context.metrics`; never raises."""
+
+    def __init__(self, compiled_batch_size: int) -> None:
+        self.compiled_batch_size = max(1, compiled_batch_size)
+        self._warned = False
+
+    def micro_batch_started(self, context: Any, arrivals: list[float]) -> None:
+        """Call as a micro-batch starts generating, with its requests' arrival times."""
+        if not arrivals:
+            return
+        now = time.perf_counter()
+        self._emit(context, FILL, len(arrivals) / self.compiled_batch_size)
+        for arrived in arrivals:
+            self._emit(context, QUEUE_WAIT, max(0.0, now - arrived))
+
+    def request_finished(self, context: Any, sequence: Sequence) -> None:
+        figures = request_figures(sequence)
+        if figures is None:
+            return
+        self._emit(context, TTFT, figures.ttft_s)
+        if figures.itl_s is not None:
+            self._emit(context, ITL, figures.itl_s)
+        self._emit(context, GENERATED_TOKENS, figures.generated_tokens)
+
+    def _emit(self, context: Any, spec: MetricSpec, value: float) -> None:
+        try:
+            context.metrics.add_metric(
+                spec.name, round(value, 6), spec.unit, idx=None, dimensions=[], metric_type=spec.metric_type
+            )
+        except Exception:
+            if not self._warned:
+                self._warned = True
+                logger.warning("could not record metric %s", spec.name, exc_info=True)

@@ -1,0 +1,128 @@
+"""Which NeuronCores this TorchServe worker may use.
+
+N workers of one model share the instance: worker k takes the contiguous range
+[k * tp_degree, (k + 1) * tp_degree) through NEURON_RT_VISIBLE_CORES. The ordinal k is
+TorchServe's `gpu_id` when it hands one out (config.properties `number_of_gpu`; see
+docs/readme-inferentia2.md for the one catch on inf2), else a free slot claimed with
+per-core lock files that the kernel releases when a worker dies, so a restarted worker
+gets its cores back.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from handler.config import ConfigError
+
+logger = logging.getLogger(__name__)
+
+CORES_PER_DEVICE = 2  # NeuronCore-v2 per Inferentia2 (and Trainium1) chip
+LOCK_DIR_ENV = "INF2_NEURON_CORE_LOCK_DIR"
+DEFAULT_LOCK_DIR = "/tmp/inf2-neuron-core-locks"
+
+
+def neuron_devices(dev_dir: Path = Path("/dev")) -> list[Path]:
+    return sorted(p for p in dev_dir.glob("neuron*") if p.name[len("neuron") :].isdigit())
+
+
+def detect_cores(dev_dir: Path = Path("/dev"), sys_dir: Path = Path("/sys/class/neuron_device")) -> int:
+    """NeuronCores on this host: the driver's core_count per device where it exposes it, else 2 per chip."""
+    total = 0
+    for device in neuron_devices(dev_dir):
+        try:
+            total += int((sys_dir / device.name / "core_count").read_text().strip())
+        except (OSError, ValueError):
+            total += CORES_PER_DEVICE
+    return total
+
+
+@dataclass
+class CorePlacement:
+    first: int
+    count: int
+    how: str
+    _locks: list[IO[str]] = field(default_factory=list, repr=False)
+
+    @property
+    def visible_cores(self) -> str:
+        last = self.first + self.count - 1
+        return str(self.first) if last == self.first else f"{self.first}-{last}"
+
+    def release(self) -> None:
+        for handle in self._locks:
+            handle.close()
+        self._locks.clear()
+
+
+def workers_of(model_yaml_config: dict[str, Any] | None) -> int:
+    raw = model_yaml_config or {}
+    value = raw.get("maxWorkers", raw.get("minWorkers", 1))
+    return value if isinstance(value, int) and value > 0 else 1
+
+
+def check_fits(workers: int, tp_degree: int, available: int) -> None:
+    """Refuse a layout that cannot place every worker, saying what would fit."""
+    if available < 1:
+        raise ConfigError(
+            "backend neuronx: no Neuron device found (/dev/neuron*); run on an inf2/trn1 host, or set "
+            "handler.neuronx.num_cores if the devices are mapped elsewhere"
+        )
+    if workers * tp_degree <= available:
+        return
+    fits = available // tp_degree
+    per_worker = available // workers
+    options = []
+    if fits >= 1:
+        options.append(f"at most {fits} worker(s) at tp_degree {tp_degree} (minWorkers/maxWorkers)")
+    if per_worker >= 1:
+        options.append(f"tp_degree <= {per_worker} for {workers} workers")
+    raise ConfigError(
+        f"backend neuronx: {workers} worker(s) x tp_degree {tp_degree} need {workers * tp_degree} NeuronCores but "
+        f"{available} are available; use " + (" or ".join(options) or "a larger instance")
+    )
+
+
+def place(
+    gpu_id: int | None, workers: int, tp_degree: int, available: int, lock_dir: Path | None = None
+) -> CorePlacement:
+    """This worker's cores: slot `gpu_id` when TorchServe assigned one, else the first free slot."""
+    check_fits(workers, tp_degree, available)
+    slots = available // tp_degree
+    if gpu_id is not None:
+        if not 0 <= gpu_id < slots:
+            raise ConfigError(
+                f"backend neuronx: TorchServe gave this worker gpu_id {gpu_id}, but {available} NeuronCores hold only "
+                f"{slots} model copies at tp_degree {tp_degree}; set number_of_gpu in config.properties to {slots} "
+                "or fewer"
+            )
+        return CorePlacement(gpu_id * tp_degree, tp_degree, f"gpu_id {gpu_id} from TorchServe")
+    lock_dir = lock_dir or Path(os.environ.get(LOCK_DIR_ENV, DEFAULT_LOCK_DIR))
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    for slot in range(slots):
+        handles = _try_lock(lock_dir, range(slot * tp_degree, (slot + 1) * tp_degree))
+        if handles is not None:
+            return CorePlacement(slot * tp_degree, tp_degree, f"free slot {slot} (core locks in {lock_dir})", handles)
+    raise ConfigError(
+        f"backend neuronx: all {slots} slot(s) of {tp_degree} NeuronCores are held by other processes "
+        f"(locks in {lock_dir}); stop them or lower maxWorkers"
+    )
+
+
+def _try_lock(lock_dir: Path, cores: range) -> list[IO[str]] | None:
+    handles: list[IO[str]] = []
+    for core in cores:
+        handle = open(lock_dir / f"core-{core}.lock", "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            for held in handles:
+                held.close()
+            return None
+        handles.append(handle)
+    return handles

@@ -1,0 +1,51 @@
+# Inferentia2 targets (included by the Makefile). On an inf2 host, inside the Neuron venv:
+#   make neuron-venv VENV=$VIRTUAL_ENV
+#   make checkpoint HF_MODEL=/models/Llama-2-7b-hf MODEL_DIR=models/llama-2-7b VENV=$VIRTUAL_ENV
+#   make compile archive serve MODEL_DIR=models/llama-2-7b MODEL_CONFIG=model-config-inf2.yaml VENV=$VIRTUAL_ENV
+# docs/readme-inferentia2.md walks through it.
+
+HF_MODEL ?=
+CHECKPOINT_FORMAT ?= safetensors
+NEURON_PYTEST_ARGS ?=
+COMPAT_VENV ?= .venv-transformers4
+COMPAT_TRANSFORMERS ?= 4.46.3
+
+.PHONY: neuron-venv checkpoint compile test-neuron test-neuron-fake test-transformers4
+
+# Adds the serving dependencies to an existing Neuron venv (VENV=...) and marks it installed, so
+# `make venv` never replaces its torch-neuronx / transformers with the CPU pins of requirements.txt.
+neuron-venv:
+	test -x $(PY) || { echo "VENV=$(VENV) is not a venv; activate the Neuron DLAMI venv and pass VENV=\$$VIRTUAL_ENV"; exit 1; }
+	$(BIN)/pip install -r requirements-neuron.txt pytest pytest-timeout
+	touch $(VENV)/.installed
+
+# HF_MODEL: a local Hugging Face model folder; MODEL_DIR: the checkpoint the archive will use.
+# CHECKPOINT_FORMAT=split writes the pytorch_model.bin/ folder older transformers-neuronx releases need.
+checkpoint: venv
+	@test -n "$(HF_MODEL)" || { echo "usage: make checkpoint HF_MODEL=/path/to/hf-model MODEL_DIR=models/<name>"; exit 1; }
+	$(PY) scripts/prepare_checkpoint.py $(HF_MODEL) $(MODEL_DIR) --format $(CHECKPOINT_FORMAT)
+
+# Compiles for the settings in MODEL_CONFIG and saves NEFFs + manifest in $(MODEL_DIR)/neuron_cache
+# (or handler.neuronx.cache_dir); a later run with unchanged settings only loads them.
+compile: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
+	$(PY) scripts/compile.py --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG)
+
+# On an inf2 host: the tests that need the device and the real transformers-neuronx.
+test-neuron: venv
+	$(PY) -m pytest -m neuron tests/neuron -rs $(NEURON_PYTEST_ARGS)
+
+# Anywhere: the neuronx backend against the fake SDK (part of `make test` too).
+test-neuron-fake: venv
+	$(PY) -m pytest tests/neuron -m "not neuron" $(NEURON_PYTEST_ARGS)
+
+# The fake-backed neuronx tests on the transformers 4.4x a Neuron venv has (separate venv, ~1.5 GB).
+$(COMPAT_VENV)/.installed: mk/neuron.mk
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install --quiet torch==2.13.0
+	$(COMPAT_VENV)/bin/pip install --quiet transformers==$(COMPAT_TRANSFORMERS) torchserve==0.12.0 \
+		torch-model-archiver==0.12.0 pydantic==2.14.4 pyyaml==6.0.4 tqdm==4.70.1 httpx==0.28.1 safetensors \
+		$$(grep -E "^pytest" requirements-dev.txt)
+	touch $@
+
+test-transformers4: $(COMPAT_VENV)/.installed
+	$(COMPAT_VENV)/bin/python -m pytest tests/neuron -m "not neuron" $(NEURON_PYTEST_ARGS)

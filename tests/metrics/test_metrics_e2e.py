@@ -1,0 +1,53 @@
+"""A real torchserve in Prometheus mode: after one request, /metrics shows the token metrics."""
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from handler.metrics import ALL_METRICS
+from tests.bench.conftest import sim_model_yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+# The bench's server: the properties `make serve` gets too (metrics_mode=prometheus,
+# model_metrics_auto_detect=true), free ports, and its own temp directory.
+import bench_server
+
+
+def wanted_series() -> set[str]:
+    return {f"{m.name}_count" if m.metric_type.value == "histogram" else m.name for m in ALL_METRICS}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_prometheus_scrape_finds_token_metrics_after_a_request(tiny_model_dir, tmp_path, request):
+    assert bench_server.METRICS_PROPERTIES["metrics_mode"] == "prometheus"
+    config = {**sim_model_yaml(tiny_model_dir, time_scale=0.2), "minWorkers": 1, "maxWorkers": 1, "maxBatchDelay": 5}
+    server = bench_server.start(tmp_path / "ts", tiny_model_dir, config)
+    try:
+        body = {"prompt": "Today the weather is", "max_new_tokens": 8, "ignore_eos": True}
+        headers = {**server.headers(), "X-Request-Start": f"t={time.time():.6f}"}
+        url = f"{server.url}/predictions/{server.model_name}"
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+            assert response.status_code == 200
+            lines = [line for line in response.iter_lines() if line]
+        assert '"completion_tokens": 8' in lines[-1]
+
+        deadline, text, missing = time.monotonic() + 20, "", wanted_series()
+        while missing and time.monotonic() < deadline:
+            text = server.scrape_metrics()
+            missing = {w for w in wanted_series() if not any(line.startswith(w) for line in text.splitlines())}
+            time.sleep(0.2 if missing else 0)
+        assert not missing, f"not in /metrics: {sorted(missing)}\n{text[:3000]}"
+        tokens = [line for line in text.splitlines() if line.startswith("llm_generated_tokens")]
+        assert 'ModelName="llama"' in tokens[0]
+        assert float(tokens[0].rsplit(" ", 1)[1]) >= 8 + 1  # this request + the readiness probe
+    except BaseException:
+        shutil.copytree(server.workdir / "logs", request.config.rootpath / "build" / "test-logs" / "metrics-e2e",
+                        dirs_exist_ok=True)  # fmt: skip
+        raise
+    finally:
+        server.stop()

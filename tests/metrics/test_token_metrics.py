@@ -1,0 +1,103 @@
+"""handler/metrics.py: the figures, the X-Request-Start header, and what reaches TorchServe."""
+
+import logging
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import ts
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+from handler.metrics import (
+    ALL_METRICS,
+    FILL,
+    GENERATED_TOKENS,
+    ITL,
+    QUEUE_WAIT,
+    TTFT,
+    TokenMetrics,
+    arrival_time,
+    parse_request_start,
+    request_figures,
+)
+
+
+def sequence(received=10.0, first=10.2, last=11.2, tokens=11):
+    return SimpleNamespace(received_at=received, first_token_at=first, last_token_at=last, completion_tokens=tokens)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls = []
+
+    def add_metric(self, name, value, unit, idx=None, dimensions=None, metric_type=None):
+        self.calls.append((name, value, unit, metric_type))
+
+
+def test_figures_follow_the_guidellm_itl_definition():
+    f = request_figures(sequence())
+    assert f.ttft_s == pytest.approx(0.2)
+    assert f.itl_s == pytest.approx(0.1)  # 1.0 s over 10 gaps
+    assert f.generated_tokens == 11
+    assert request_figures(sequence(last=10.2, tokens=1)).itl_s is None
+    assert request_figures(sequence(first=None, tokens=0)) is None
+
+
+def test_request_start_header_forms():
+    now = 1_800_000_000.0
+    assert parse_request_start(f"t={now - 2:.3f}", now) == pytest.approx(now - 2)
+    assert parse_request_start(f"{(now - 2) * 1000:.0f}", now) == pytest.approx(now - 2)  # milliseconds
+    assert parse_request_start(f"t={(now - 2) * 1e6:.0f}", now) == pytest.approx(now - 2)  # microseconds
+    assert parse_request_start("t=12", now) is None  # another clock
+    assert parse_request_start("soon", now) is None
+    assert parse_request_start(None, now) is None
+
+
+def test_arrival_uses_the_header_else_the_handler_clock():
+    ctx = SimpleNamespace(get_request_header=lambda i, h: f"t={time.time() - 1.5}" if h == "X-Request-Start" else None)
+    assert time.perf_counter() - arrival_time(ctx, 0) == pytest.approx(1.5, abs=0.2)
+    ctx = SimpleNamespace(get_request_header=lambda i, h: None)
+    assert time.perf_counter() - arrival_time(ctx, 0) == pytest.approx(0.0, abs=0.2)
+
+
+def test_emits_every_metric_with_type_and_unit():
+    recorder = Recorder()
+    ctx = SimpleNamespace(metrics=recorder)
+    metrics = TokenMetrics(compiled_batch_size=8)
+    now = time.perf_counter()
+    metrics.micro_batch_started(ctx, [now - 0.5, now - 0.25])
+    metrics.request_finished(ctx, sequence())
+    by_name = {}
+    for name, value, unit, kind in recorder.calls:
+        by_name.setdefault(name, []).append((value, unit, kind))
+    assert by_name[FILL.name] == [(0.25, FILL.unit, FILL.metric_type)]
+    assert sorted(v for v, _, _ in by_name[QUEUE_WAIT.name]) == pytest.approx([0.25, 0.5], abs=0.05)
+    assert by_name[TTFT.name] == [(pytest.approx(0.2), "s", TTFT.metric_type)]
+    assert by_name[ITL.name] == [(pytest.approx(0.1), "s", ITL.metric_type)]
+    assert by_name[GENERATED_TOKENS.name] == [(11, "count", GENERATED_TOKENS.metric_type)]
+
+
+def test_the_calls_are_valid_for_torchserves_metric_cache(caplog):
+    """Through TorchServe's own cache (what `context.metrics` is in a worker): no errors."""
+    caplog.set_level(logging.INFO)
+    cache = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    cache.initialize_cache()
+    cache.model_name = "m"
+    cache.set_request_ids({0: "req-0"})
+    ctx = SimpleNamespace(metrics=cache)
+    metrics = TokenMetrics(compiled_batch_size=4)
+    metrics.micro_batch_started(ctx, [time.perf_counter()])
+    metrics.request_finished(ctx, sequence())
+    assert not metrics._warned
+    assert "Failed" not in caplog.text
+    assert sum("[METRICS]llm_" in r.getMessage() for r in caplog.records) == len(ALL_METRICS)
+    for spec in ALL_METRICS:
+        assert cache.get_metric(spec.name, spec.metric_type) is not None
+
+
+def test_a_broken_metrics_object_never_fails_a_request():
+    ctx = SimpleNamespace(metrics=None)
+    metrics = TokenMetrics(compiled_batch_size=4)
+    metrics.request_finished(ctx, sequence())  # no exception
+    assert metrics._warned

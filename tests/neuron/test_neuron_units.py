@@ -1,0 +1,109 @@
+"""Small pieces without a model: environment, cache location, core placement, auto selection."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from handler.config import ConfigError, ServingConfig
+from handler.neuron import cores
+from handler.neuron.auto import choose_backend, resolve_auto, worker_of
+from handler.neuron.environment import CacheLocation, compiler_flags, configure_compiler, pin_cores
+
+
+def test_compiler_flags_keep_the_users_and_add_model_type_once():
+    assert compiler_flags("", []) == "--model-type=transformer"
+    assert compiler_flags("-O1 --model-type=transformer", ["--enable-fast-loading-neuron-binaries"]) == (
+        "-O1 --model-type=transformer --enable-fast-loading-neuron-binaries"
+    )
+    assert compiler_flags("--model-type=generic", ["-O1", "-O1"]) == "--model-type=generic -O1"
+
+
+def test_cache_location_default_shared_and_s3(tmp_path):
+    default = CacheLocation.resolve("neuron_cache", tmp_path / "model")
+    assert default.artifacts_dir == tmp_path / "model/neuron_cache/artifacts"
+    assert default.compile_cache_url == str(tmp_path / "model/neuron_cache/compile-cache")
+    shared = CacheLocation.resolve("/mnt/efs/llama", tmp_path / "model")
+    assert shared.artifacts_dir == Path("/mnt/efs/llama/artifacts")
+    s3 = CacheLocation.resolve("s3://bucket/llama/", tmp_path / "model")
+    assert s3.compile_cache_url == "s3://bucket/llama/compile-cache"
+    assert s3.artifacts_dir == tmp_path / "model/neuron_cache/artifacts"
+
+
+def test_configure_compiler_respects_a_location_the_operator_chose(caplog):
+    cache = CacheLocation(Path("/m/artifacts"), "/m/compile-cache")
+    env = {"NEURONX_CACHE": "on"}
+    with caplog.at_level(logging.WARNING):
+        assert configure_compiler([], cache, env).startswith("NEURON_COMPILE_CACHE_URL=/m/compile-cache")
+    assert env["NEURON_COMPILE_CACHE_URL"] == "/m/compile-cache" and "no longer reads it" in caplog.text
+    env = {"NEURON_CC_FLAGS": "--cache_dir=/shared/cache"}
+    assert "--cache_dir=/shared/cache in NEURON_CC_FLAGS" in configure_compiler(["-O1"], cache, env)
+    assert "NEURON_COMPILE_CACHE_URL" not in env
+    assert env["NEURON_CC_FLAGS"] == "--cache_dir=/shared/cache --model-type=transformer -O1"
+
+
+def test_pin_cores_replaces_num_cores():
+    env = {"NEURON_RT_NUM_CORES": "2"}
+    pin_cores("4-7", env)
+    assert env == {"NEURON_RT_VISIBLE_CORES": "4-7"}
+
+
+@pytest.mark.parametrize(
+    ("instance", "available", "workers", "tp", "ranges"),
+    [
+        ("inf2.xlarge", 2, 1, 2, ["0-1"]),
+        ("inf2.24xlarge", 12, 3, 4, ["0-3", "4-7", "8-11"]),
+        ("inf2.48xlarge", 24, 3, 8, ["0-7", "8-15", "16-23"]),
+        ("inf2.48xlarge", 24, 12, 2, [f"{2 * i}-{2 * i + 1}" for i in range(12)]),
+    ],
+)
+def test_documented_layouts_place_disjoint_ranges(instance, available, workers, tp, ranges):
+    assert [cores.place(k, workers, tp, available).visible_cores for k in range(workers)] == ranges
+
+
+def test_no_device_is_a_clear_error():
+    with pytest.raises(ConfigError, match="no Neuron device found"):
+        cores.check_fits(1, 2, 0)
+
+
+def test_core_detection_counts_devices(tmp_path):
+    dev, sys_dir = tmp_path / "dev", tmp_path / "sys"
+    dev.mkdir()
+    for name in ("neuron0", "neuron1", "neuron_monitor", "null"):
+        (dev / name).touch()
+    (sys_dir / "neuron1").mkdir(parents=True)
+    (sys_dir / "neuron1" / "core_count").write_text("4\n")
+    assert cores.detect_cores(dev, sys_dir) == 2 + 4
+
+
+def test_auto_picks_neuronx_only_with_package_and_device(tmp_path, monkeypatch, caplog):
+    from tests.neuron.conftest import FAKES
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    assert choose_backend(dev)[0] == "hf"
+    monkeypatch.syspath_prepend(str(FAKES))
+    assert choose_backend(dev) == ("hf", "no a Neuron device (/dev/neuron*)")
+    (dev / "neuron0").touch()
+    assert choose_backend(dev)[0] == "neuronx"
+    config = ServingConfig.from_model_yaml({"handler": {"model_checkpoint_dir": "m", "backend": "auto"}})
+    with caplog.at_level(logging.INFO):
+        assert resolve_auto(config, dev).handler.backend == "neuronx"
+    assert "backend auto: using neuronx (transformers-neuronx is installed and 1 Neuron device(s)" in caplog.text
+
+
+def test_worker_of_reads_torchserve_context():
+    context = SimpleNamespace(system_properties={"gpu_id": 3}, model_yaml_config={"minWorkers": 2, "maxWorkers": 4})
+    assert worker_of(context) == (3, 4)
+    assert worker_of(None) == (None, 1)
+
+
+def test_extra_flags_of_one_configuration_do_not_leak_into_the_next():
+    cache = CacheLocation(Path("/m/artifacts"), "/m/compile-cache")
+    env = {"NEURON_CC_FLAGS": "-O2"}
+    configure_compiler(["--enable-saturate-infinity"], cache, env)
+    configure_compiler([], cache, env)
+    assert env["NEURON_CC_FLAGS"] == "-O2 --model-type=transformer"

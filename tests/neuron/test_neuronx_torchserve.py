@@ -1,0 +1,134 @@
+"""A real torchserve with the fake transformers-neuronx on the workers' PYTHONPATH: two
+workers on one host compile once between them, pin disjoint NeuronCores (TorchServe's
+gpu_id), stream over HTTP, and a restart loads the saved artifacts without compiling."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.neuron.conftest import FAKES, neuronx_yaml
+from tests.torchserve_process import TorchServe, copy_logs_on_failure, free_port, start_torchserve
+
+pytestmark = pytest.mark.e2e
+
+
+def read_calls(path: Path, name: str) -> list[dict]:
+    if not path.exists():
+        return []
+    return [c for c in map(json.loads, path.read_text().splitlines()) if c["call"] == name]
+
+
+def serve(workdir: Path, checkpoint: Path, call_log: Path) -> TorchServe:
+    config = neuronx_yaml(checkpoint, workers=2, micro_batch_size=2, neuronx={"num_cores": 2})
+    config["responseTimeout"] = 60
+    env = {
+        "PYTHONPATH": str(FAKES),
+        "FAKE_NEURONX_CALL_LOG": str(call_log),
+        "INF2_NEURON_CORE_LOCK_DIR": str(workdir / "core-locks"),
+        # TorchServe 0.12 hands out gpu_id only up to min(number_of_gpu, GPUs it can count), and it
+        # counts CUDA_VISIBLE_DEVICES entries; on inf2 that is how workers get distinct ordinals.
+        "CUDA_VISIBLE_DEVICES": "0,1",
+    }
+    properties = {
+        "number_of_gpu": "2",
+        # gRPC listens on 7070/7071 by default: another torchserve on this host would make startup fail
+        "grpc_inference_port": str(free_port()),
+        "grpc_management_port": str(free_port()),
+    }
+    try:
+        server = start_torchserve(workdir, checkpoint, config, env=env, extra_properties=properties)
+    except json.JSONDecodeError:
+        # tests/torchserve_process.py reads key_file.json while torchserve may still be writing it
+        # (reported to the lead); that server was stopped, so start once more in a fresh folder
+        server = start_torchserve(
+            workdir.with_name(workdir.name + "-retry"), checkpoint, config, env, extra_properties=properties
+        )
+    try:
+        wait_for_workers(server, 2)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def wait_for_workers(server: TorchServe, count: int, timeout: float = 90) -> None:
+    """start_torchserve returns once one worker answers; wait until `count` are READY (management API)."""
+    key = json.loads((server.workdir / "key_file.json").read_text())["management"]["key"]
+    url = f"http://127.0.0.1:{server.management_port}/models/{server.model_name}"
+    deadline = time.monotonic() + timeout
+    workers: list = []
+    while time.monotonic() < deadline:
+        response = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        workers = response.json()[0]["workers"] if response.status_code == 200 else []
+        if sum(w["status"] == "READY" for w in workers) >= count:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{count} workers were not READY within {timeout} s: {workers}")
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TorchServe, Path]]:
+    root = tmp_path_factory.mktemp("neuronx-ts")
+    checkpoint = root / "model"
+    shutil.copytree(tiny_model_dir, checkpoint)
+    call_log = root / "calls.jsonl"
+    server = serve(root / "first", checkpoint, call_log)
+    try:
+        yield server, call_log
+    finally:
+        server.stop()
+        copy_logs_on_failure(server, root / "first-logs")
+
+
+def test_two_workers_compile_once_and_pin_disjoint_cores(deployment):
+    _, call_log = deployment
+    started = read_calls(call_log, "to_neuron")
+    assert sorted(c["mode"] for c in started) == ["compile", "load"]  # the second waited for the first's artifacts
+    assert sorted(c["visible_cores"] for c in started) == ["0", "1"]
+    assert len({c["pid"] for c in started}) == 2
+    assert all("--model-type=transformer" in c["cc_flags"] for c in started)
+
+
+def test_request_streams_end_to_end(deployment):
+    server, _ = deployment
+    body = {"prompt": "Once upon a time", "max_new_tokens": 24, "ignore_eos": True}
+    with httpx.stream("POST", server.predictions_url, json=body, headers=server.headers, timeout=60) as response:
+        chunks = [chunk.decode() for chunk in response.iter_raw()]
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/x-ndjson"
+    lines = [json.loads(line) for line in "".join(chunks).splitlines() if line]
+    assert len(chunks) > 2
+    assert lines[-1]["finish_reason"] == "length" and lines[-1]["usage"]["completion_tokens"] == 24
+
+
+def test_prompt_longer_than_n_positions_gets_400(deployment):
+    server, _ = deployment
+    body = {"prompt": "the weather is nice " * 200, "max_new_tokens": 4}
+    response = httpx.post(server.predictions_url, json=body, headers=server.headers, timeout=60)
+    assert response.status_code == 400
+    assert "n_positions (256)" in response.json()["error"]["message"]
+
+
+def test_restart_loads_saved_artifacts_without_compiling(deployment, tmp_path):
+    server, call_log = deployment
+    server.stop()
+    compiled_before = len([c for c in read_calls(call_log, "to_neuron") if c["mode"] == "compile"])
+    checkpoint = Path(json.loads(call_log.read_text().splitlines()[0])["path"])
+    second = serve(tmp_path / "second", checkpoint, call_log)
+    try:
+        restarted = read_calls(call_log, "to_neuron")[2:]
+        assert [c["mode"] for c in restarted] == ["load", "load"]
+        assert len([c for c in read_calls(call_log, "to_neuron") if c["mode"] == "compile"]) == compiled_before == 1
+        response = httpx.post(
+            second.predictions_url, json={"prompt": "Hello", "stream": False}, headers=second.headers, timeout=60
+        )
+        assert response.status_code == 200
+    finally:
+        second.stop()
