@@ -86,11 +86,8 @@ class GenerationService:
             if work.reply is not None:
                 return work
             request = work.api.parse(_body_of(row), self.limits, self.backend.tokenizer)
-            with self._tokenizer_lock:
-                if request.add_special_tokens:
-                    prompt_ids = self.backend.encode(request.prompt)
-                else:  # a rendered chat template already holds them
-                    prompt_ids = self.backend.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+            with self._tokenizer_lock:  # a rendered chat template already holds its special tokens
+                prompt_ids = self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
             self._check_length(request, len(prompt_ids))
             work.sequence = Sequence(
                 request, prompt_ids, self.backend.tokenizer, self.backend.eos_token_ids, work.request_id

@@ -38,7 +38,8 @@ test-neuron: venv
 test-neuron-fake: venv
 	$(PY) -m pytest tests/neuron -m "not neuron" $(NEURON_PYTEST_ARGS)
 
-# The fake-backed neuronx tests on the transformers 4.4x a Neuron venv has (separate venv, ~1.5 GB).
+# The serving path and the fake-backed neuronx tests on the transformers 4.4x a Neuron venv has
+# (separate venv, ~1.5 GB). CI runs it after `make test`.
 $(COMPAT_VENV)/.installed: mk/neuron.mk
 	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/pip install --quiet torch==2.13.0
@@ -48,4 +49,5 @@ $(COMPAT_VENV)/.installed: mk/neuron.mk
 	touch $@
 
 test-transformers4: $(COMPAT_VENV)/.installed
-	$(COMPAT_VENV)/bin/python -m pytest tests/neuron -m "not neuron" $(NEURON_PYTEST_ARGS)
+	$(COMPAT_VENV)/bin/python -m pytest tests/unit tests/integration tests/e2e tests/neuron -m "not neuron" \
+		$(NEURON_PYTEST_ARGS)

@@ -38,8 +38,8 @@ class Backend(ABC):
         """The compiled batch size of a static-shape model; None where any size runs."""
         return None
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=True)["input_ids"]
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
 
     @abstractmethod
     def generate(self, rows: Sequence[RowSpec], streamer: Any, is_finished: Callable[[int], bool]) -> None: ...
