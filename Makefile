@@ -24,6 +24,8 @@ TS_CONFIG := $(BUILD)/config.properties
 # TorchServe keeps its pid file in the temp dir; a private one keeps `make stop` from
 # stopping some other torchserve on the host (e.g. one a test started).
 TS_ENV := TMPDIR=$(abspath $(BUILD)) TEMP=$(abspath $(BUILD))
+# Prometheus metrics on METRICS_PORT, the handler's token metrics included (auto-detected).
+TS_METRICS_PROPERTIES := "metrics_mode=prometheus" "model_metrics_auto_detect=true"
 PROMPT ?= Today the weather is really nice and I am planning on
 PYTEST_ARGS ?=
 
@@ -66,7 +68,8 @@ $(TS_CONFIG): Makefile
 		"grpc_management_port=$(GRPC_MANAGEMENT_PORT)" \
 		"model_store=$(MODEL_STORE)" \
 		"load_models=$(MODEL_NAME)" \
-		"default_response_timeout=300" > $@
+		"default_response_timeout=300" \
+		$(TS_METRICS_PROPERTIES) > $@
 
 serve: archive
 	$(MAKE) --no-print-directory $(TS_CONFIG) -B

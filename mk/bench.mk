@@ -7,9 +7,6 @@ BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
 BENCH_ARGS ?=
 
-# For `make serve`: Prometheus metrics on METRICS_PORT (custom metrics are auto-detected).
-TS_METRICS_PROPERTIES := "metrics_mode=prometheus" "model_metrics_auto_detect=true"
-
 .PHONY: bench
 
 bench: venv model

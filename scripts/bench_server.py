@@ -1,8 +1,8 @@
 """A torchserve of its own for the benchmark: own archive, config.properties, free ports,
 and its own temp directory (torchserve keeps its pid file and its workers' Unix sockets
 there, so a shared one would let `--stop` stop someone else's server and two servers'
-workers fight over /tmp/.ts.sock.9000). Prometheus metrics mode is on; the frontend logs
-at INFO (configs/log4j2-bench.xml) instead of its default DEBUG line per streamed chunk.
+workers fight over /tmp/.ts.sock.9000), free gRPC ports. Prometheus metrics mode is on;
+the frontend logs with serving/log4j2.xml (no log line per streamed chunk).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-LOG_CONFIG = REPO / "configs" / "log4j2-bench.xml"
+LOG_CONFIG = REPO / "serving" / "log4j2.xml"  # the one `make serve` uses: no log line per streamed chunk
 METRICS_PROPERTIES = {"metrics_mode": "prometheus", "model_metrics_auto_detect": "true"}
 
 
@@ -112,6 +112,8 @@ def start(
         "inference_address": f"http://127.0.0.1:{server.inference_port}",
         "management_address": f"http://127.0.0.1:{free_port()}",
         "metrics_address": f"http://127.0.0.1:{server.metrics_port}",
+        "grpc_inference_port": str(free_port()),  # gRPC cannot be switched off; 7070/7071 would collide
+        "grpc_management_port": str(free_port()),
         "model_store": str(store),
         "load_models": model_name,
         "default_response_timeout": "300",

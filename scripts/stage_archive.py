@@ -24,6 +24,7 @@ def stage(model_dir: Path, config: Path, stage_dir: Path, embed_model: bool) -> 
     shutil.rmtree(stage_dir, ignore_errors=True)
     stage_dir.mkdir(parents=True)
     shutil.copytree(REPO / "handler", stage_dir / "handler", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "profiles", stage_dir / "profiles")  # timing profiles for the sim backend
     text = config.read_text()
     if embed_model:
         shutil.copytree(model_dir, stage_dir / "model")

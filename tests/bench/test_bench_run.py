@@ -43,7 +43,7 @@ def test_bench_suite_runs_a_tiny_load_and_writes_well_formed_results(tiny_model_
     assert result["meta"]["reference"]["step_1_ms"] == pytest.approx(6.47)
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     server_out = (tmp_path / "work" / "sim" / "torchserve.out").read_text()
-    assert "StatusLogger" not in server_out, server_out[:2000]  # configs/log4j2-bench.xml was accepted
+    assert "StatusLogger" not in server_out, server_out[:2000]  # serving/log4j2.xml was accepted
     assert (tmp_path / "work" / "sim" / "logs" / "ts_log.log").exists()
 
 

@@ -26,7 +26,7 @@ def wanted_series() -> set[str]:
 def test_prometheus_scrape_finds_token_metrics_after_a_request(tiny_model_dir, tmp_path, request):
     assert bench_server.METRICS_PROPERTIES["metrics_mode"] == "prometheus"
     config = {**sim_model_yaml(tiny_model_dir, time_scale=0.2), "minWorkers": 1, "maxWorkers": 1, "maxBatchDelay": 5}
-    server = bench_server.start(tmp_path / "ts", tiny_model_dir, config)
+    server = bench_server.start(tmp_path / "ts", tiny_model_dir, config, timeout=90)  # fails with the log tail
     try:
         body = {"prompt": "Today the weather is", "max_new_tokens": 8, "ignore_eos": True}
         headers = {**server.headers(), "X-Request-Start": f"t={time.time():.6f}"}
