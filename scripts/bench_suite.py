@@ -149,7 +149,7 @@ def main() -> None:
     print(f"[bench] starting torchserve in {workdir} ...", file=sys.stderr)
     server = bench_server.start(workdir, model_dir, config)
     try:
-        target = Target(server.url, server.model_name, "native", server.headers())
+        target = Target(server.url, server.model_name, "native", server.headers)
         workload = Workload(
             PromptMaker(model_dir, seed=0),
             Lengths(args.prompt_tokens, args.prompt_spread),

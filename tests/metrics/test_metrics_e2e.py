@@ -29,7 +29,7 @@ def test_prometheus_scrape_finds_token_metrics_after_a_request(tiny_model_dir, t
     server = bench_server.start(tmp_path / "ts", tiny_model_dir, config, timeout=90)  # fails with the log tail
     try:
         body = {"prompt": "Today the weather is", "max_new_tokens": 8, "ignore_eos": True}
-        headers = {**server.headers(), "X-Request-Start": f"t={time.time():.6f}"}
+        headers = {**server.headers, "X-Request-Start": f"t={time.time():.6f}"}
         url = f"{server.url}/predictions/{server.model_name}"
         with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
             assert response.status_code == 200

@@ -1,0 +1,179 @@
+"""A private `torchserve` on this host, for end-to-end tests and the benchmark.
+
+The archive is built the way `make archive` does; every port (HTTP and gRPC) is a free one
+on 127.0.0.1; token auth stays on; the temp dir is private (TorchServe keeps its pid file
+and its workers' Unix sockets there, so a shared one lets `--stop` stop another server and
+two servers' workers fight over /tmp/.ts.sock.9000); the frontend logs with
+serving/log4j2.xml. Callers stop it in a `finally`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TorchServe:
+    workdir: Path
+    model_name: str
+    inference_port: int
+    management_port: int
+    metrics_port: int
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.inference_port}"
+
+    @property
+    def predictions_url(self) -> str:
+        return f"{self.url}/predictions/{self.model_name}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        key_file = self.workdir / "key_file.json"
+        key = json.loads(key_file.read_text())["inference"]["key"]
+        return {"Authorization": f"Bearer {key}"}
+
+    def log_text(self, name: str = "model_log.log") -> str:
+        path = self.workdir / "logs" / name
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def scrape_metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+
+    def stop(self) -> None:
+        subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.workdir, env=self._env(), capture_output=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and self._running():
+            time.sleep(0.3)
+
+    def _running(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.inference_port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def _env(self) -> dict[str, str]:
+        # TorchServe keeps its pid file in the temp dir and refuses to start (or stops the
+        # wrong server) when another instance shares it: give each instance its own.
+        tmp = str(self.workdir)
+        return {
+            **os.environ,
+            "PATH": f"{BIN}:{os.environ['PATH']}",
+            "HF_HUB_OFFLINE": "1",
+            "TMPDIR": tmp,
+            "TEMP": tmp,
+            **self.env,
+        }
+
+
+def build_archive(workdir: Path, model_dir: Path, model_config: dict[str, Any], model_name: str) -> Path:
+    config_path = workdir / "model-config.yaml"
+    config_path.write_text(yaml.safe_dump(model_config))
+    stage = workdir / "stage"
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts/stage_archive.py"), "--model-dir", str(model_dir)]
+        + ["--config", str(config_path), "--stage", str(stage)],
+        check=True,
+    )
+    store = workdir / "model_store"
+    store.mkdir(exist_ok=True)
+    subprocess.run(
+        [str(BIN / "torch-model-archiver"), "--model-name", model_name, "--version", "1.0"]
+        + ["--handler", str(stage / "handler/inf2_handler.py"), "--extra-files", str(stage)]
+        + ["--config-file", str(stage / "model-config.yaml"), "--archive-format", "no-archive"]
+        + ["--export-path", str(store), "-f"],
+        check=True,
+    )
+    return store
+
+
+def start_torchserve(
+    workdir: Path,
+    model_dir: Path,
+    model_config: dict[str, Any],
+    env: dict[str, str] | None = None,
+    model_name: str = "llama",
+    extra_properties: dict[str, str] | None = None,
+    ready_timeout: float = 120,
+) -> TorchServe:
+    workdir.mkdir(parents=True, exist_ok=True)
+    store = build_archive(workdir, model_dir, model_config, model_name)
+    server = TorchServe(workdir, model_name, free_port(), free_port(), free_port(), dict(env or {}))
+    properties = {
+        "inference_address": f"http://127.0.0.1:{server.inference_port}",
+        "management_address": f"http://127.0.0.1:{server.management_port}",
+        "metrics_address": f"http://127.0.0.1:{server.metrics_port}",
+        # gRPC cannot be switched off; its fixed default ports (7070/7071) would collide.
+        "grpc_inference_port": str(free_port()),
+        "grpc_management_port": str(free_port()),
+        "model_store": str(store),
+        "load_models": model_name,
+        **(extra_properties or {}),
+    }
+    (workdir / "config.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+    with open(workdir / "torchserve.out", "wb") as out:
+        subprocess.run(
+            [str(BIN / "torchserve"), "--start", "--ncs", "--ts-config", str(workdir / "config.properties")]
+            + ["--log-config", str(REPO / "serving" / "log4j2.xml")]
+            + ["--model-store", str(store), "--models", f"{model_name}={model_name}"],
+            cwd=workdir,
+            env=server._env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+    try:
+        _wait_ready(server, ready_timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _wait_ready(server: TorchServe, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if "Load model failed" in server.log_text("ts_log.log"):
+            break
+        try:
+            if (server.workdir / "key_file.json").exists():
+                body = {"prompt": "ping", "max_new_tokens": 1, "stream": False}
+                response = httpx.post(server.predictions_url, json=body, headers=server.headers, timeout=10)
+                if response.status_code == 200:
+                    return
+                last = f"{response.status_code} {response.text[:200]}"
+        except (httpx.HTTPError, ValueError) as exc:  # ValueError: key_file.json still being written
+            last = repr(exc)
+        time.sleep(0.5)
+    tail = "\n".join(server.log_text("ts_log.log").splitlines()[-40:])
+    raise RuntimeError(f"torchserve did not become ready ({last}):\n{tail}")
+
+
+def copy_logs_on_failure(server: TorchServe, dest: Path) -> None:
+    if (server.workdir / "logs").exists():
+        shutil.copytree(server.workdir / "logs", dest, dirs_exist_ok=True)
