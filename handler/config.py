@@ -60,6 +60,12 @@ class HandlerConfig(_Section):
     max_new_tokens: int = Field(default=512, ge=1, description="the largest max_new_tokens a request may ask for")
     trust_remote_code: bool = False
     generate_timeout_s: float = Field(default=600.0, gt=0, description="longest wait for one decode step")
+    cpu_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="torch intra-op threads for the hf backend; None: torch's default (every core)",
+    )
     sim: SimConfig | None = None
     neuronx: NeuronxConfig = NeuronxConfig()  # read by backend neuronx (and auto on an inf2 host)
 

@@ -59,6 +59,7 @@ def hf_model_config(batch: int) -> dict[str, Any]:
         "handler": {
             "model_checkpoint_dir": "model",
             "backend": "hf",
+            "cpu_threads": 1,  # one core for the model, one for the frontend, engine and client; same in-process
             "n_positions": 1024,
             "default_max_new_tokens": 64,
             "max_new_tokens": 512,
