@@ -21,6 +21,7 @@ from handler.streamer import TokenStreamer
 logger = logging.getLogger(__name__)
 
 TextCallback = Callable[[Sequence, str], None]
+FinishCallback = Callable[[Sequence], None]
 
 
 class MicroBatchEngine:
@@ -28,7 +29,10 @@ class MicroBatchEngine:
         self.backend = backend
         self.step_timeout_s = step_timeout_s
 
-    def run(self, sequences: Seq[Sequence], on_text: TextCallback) -> None:
+    def run(self, sequences: Seq[Sequence], on_text: TextCallback, on_finished: FinishCallback | None = None) -> None:
+        """Generate the micro-batch. `on_text` gets each sequence's text as it is decoded;
+        `on_finished` is called the moment a sequence finishes (EOS, stop, length), while
+        its batch-mates may still be generating."""
         if not sequences:
             return
         streamer = TokenStreamer(self.step_timeout_s)
@@ -52,6 +56,8 @@ class MicroBatchEngine:
                         delta = sequence.append(token_id)
                         if delta:
                             on_text(sequence, delta)
+                        if sequence.finished and on_finished:
+                            on_finished(sequence)
         except EngineError as exc:
             failure.append(exc)
         worker.join(timeout=self.step_timeout_s)
@@ -64,6 +70,10 @@ class MicroBatchEngine:
                 sequence.fail(error)
             return
         for sequence in sequences:
+            if sequence.finished:
+                continue
             delta = sequence.end()
             if delta:
                 on_text(sequence, delta)
+            if on_finished:
+                on_finished(sequence)

@@ -42,6 +42,7 @@ class Work:
     sequence: Sequence | None = None
     error: ServingError | None = None
     chunks_sent: int = 0
+    final_sent: bool = False  # a streamed request's closing chunk went out as soon as it finished
     arrived_at: float = 0.0  # perf_counter clock; see handler/metrics.py
     reply: str | None = None  # a route answered without generating (e.g. v1/models)
 
@@ -122,8 +123,16 @@ class GenerationService:
                 w = by_sequence[id(sequence)]
                 self._send_chunk(w, w.api.chunk(sequence, delta), context)
 
+        def on_finished(sequence: Sequence) -> None:
+            # Close the stream now (finish_reason, usage, [DONE]), not when the slowest row of
+            # the micro-batch ends; the HTTP response itself ends with the batch.
+            if sequence.request.stream:
+                w = by_sequence[id(sequence)]
+                self._send_chunk(w, w.api.final(sequence), context)
+                w.final_sent = True
+
         try:
-            self.engine.run([w.sequence for w in runnable], on_text)
+            self.engine.run([w.sequence for w in runnable], on_text, on_finished)
         except Exception as exc:
             logger.exception("micro-batch failed")
             for w in runnable:
@@ -157,7 +166,7 @@ class GenerationService:
             return work.api.error(error, midstream=False)
         self._log_request(work)
         self.token_metrics.request_finished(context, sequence)
-        return work.api.final(sequence)
+        return "" if work.final_sent else work.api.final(sequence)
 
     def _log_request(self, work: Work) -> None:
         s = work.sequence

@@ -109,3 +109,25 @@ def test_plain_text_and_sagemaker_style_bodies(server):
         timeout=60,
     )
     assert broken.status_code == 400 and broken.json()["error"]["param"] == "body"
+
+
+def test_a_row_that_ends_early_closes_its_stream_before_its_batch_mates(server):
+    """The finish_reason line goes out when the row ends, not when the micro-batch does."""
+    bodies = [
+        {"prompt": "Short answer", "max_new_tokens": 4, "ignore_eos": True},
+        {"prompt": "Long answer", "max_new_tokens": 400, "ignore_eos": True},
+    ]
+
+    def finish_line_time(body) -> float:
+        with httpx.stream("POST", server.predictions_url, json=body, headers=server.headers, timeout=60) as response:
+            for line in response.iter_lines():
+                if line and "finish_reason" in json.loads(line):
+                    return time.perf_counter()
+        raise AssertionError("no finish_reason line")
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        short_done, long_done = (t - started for t in pool.map(finish_line_time, bodies))
+    batches = re.findall(r"frontend batch of (\d+) request", server.log_text())
+    assert "2" in batches  # both rows shared one batch: the short one did not simply go first
+    assert short_done < 0.5 * long_done, f"short finished at {short_done:.3f}s, long at {long_done:.3f}s"

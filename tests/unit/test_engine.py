@@ -117,3 +117,17 @@ def test_ignore_eos_keeps_generating(tiny_tokenizer, ignore_eos):
     seqs = [sequence(tiny_tokenizer, ignore_eos=ignore_eos)]
     run(ScriptedBackend(tiny_tokenizer, [[t] for t in tokens]), seqs)
     assert seqs[0].full_text == ("abcd" if ignore_eos else "ab")
+
+
+def test_on_finished_fires_once_per_row_as_it_ends(tiny_tokenizer):
+    tokens = ids(tiny_tokenizer, "one two three four five six")
+    seqs = [sequence(tiny_tokenizer, max_new_tokens=2), sequence(tiny_tokenizer, max_new_tokens=50)]
+    finished: list[tuple[int, int]] = []  # (row, tokens the long row had when this row finished)
+
+    def on_finished(s):
+        finished.append((seqs.index(s), seqs[1].completion_tokens))
+
+    MicroBatchEngine(ScriptedBackend(tiny_tokenizer, [[t, t] for t in tokens]), 5.0).run(
+        seqs, lambda s, d: None, on_finished
+    )
+    assert finished == [(0, 1), (1, len(tokens))]  # the short row ended while the long one ran on
