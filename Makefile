@@ -103,4 +103,4 @@ lint: venv
 	$(BIN)/ruff format --check handler scripts tests
 
 clean:
-	rm -rf $(BUILD) $(MODEL_STORE) logs key_file.json .pytest_cache $(DEFAULT_MODEL_DIR)
+	rm -rf $(BUILD) $(MODEL_STORE) logs key_file.json .pytest_cache $(DEFAULT_MODEL_DIR) bench_results
