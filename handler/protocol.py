@@ -145,18 +145,14 @@ def _log_ignored(model: BaseModel, prefix: str) -> None:
 def _build(prompt: str, params: GenerationParameters, stream: bool | None, limits: Limits) -> GenerationRequest:
     if not prompt.strip():
         raise InvalidRequest("the prompt is empty", "prompt")
-    max_new_tokens = params.max_new_tokens if params.max_new_tokens is not None else limits.default_max_new_tokens
-    if not 1 <= max_new_tokens <= limits.max_new_tokens:
-        raise InvalidRequest(
-            f"max_new_tokens must be between 1 and {limits.max_new_tokens}, got {max_new_tokens}", "max_new_tokens"
-        )
+    max_new_tokens = checked_max_new_tokens(params.max_new_tokens, limits, "max_new_tokens")
     if params.stream is not None:
         stream = params.stream
     return GenerationRequest(
         prompt=prompt,
         max_new_tokens=max_new_tokens,
         sampling=_sampling(params),
-        stop=_stop_strings(params.stop),
+        stop=stop_strings(params.stop),
         stream=True if stream is None else stream,
         ignore_eos=bool(params.ignore_eos),
     )
@@ -184,7 +180,17 @@ def _sampling(params: GenerationParameters) -> SamplingParams:
     )
 
 
-def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+def checked_max_new_tokens(value: int | None, limits: Limits, param: str) -> int:
+    """The request's token budget (the default when absent), within the deployment's limit."""
+    if value is None:
+        return limits.default_max_new_tokens
+    if not 1 <= value <= limits.max_new_tokens:
+        raise InvalidRequest(f"{param} must be between 1 and {limits.max_new_tokens}, got {value}", param)
+    return value
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """Up to MAX_STOP_STRINGS non-empty stop strings."""
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop

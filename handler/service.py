@@ -55,7 +55,7 @@ class GenerationService:
         self.limits = Limits(config.handler.default_max_new_tokens, config.handler.max_new_tokens)
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to share across threads
         self._socket_lock = threading.Lock()  # inference threads share the worker's one socket
-        compiled = getattr(backend, "static_batch_size", None) or config.micro_batching.micro_batch_size
+        compiled = backend.static_batch_size or config.micro_batching.micro_batch_size
         self.token_metrics = TokenMetrics(compiled)
 
     @classmethod

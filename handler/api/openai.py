@@ -27,7 +27,14 @@ from handler.api.base import Api
 from handler.api.chat_template import render_chat
 from handler.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from handler.errors import InvalidRequest, NotFound, ServingError, to_http
-from handler.protocol import MAX_STOP_STRINGS, GenerationRequest, Limits, SamplingParams, decode_body
+from handler.protocol import (
+    GenerationRequest,
+    Limits,
+    SamplingParams,
+    checked_max_new_tokens,
+    decode_body,
+    stop_strings,
+)
 from handler.sequence import FinishReason, Sequence
 
 logger = logging.getLogger(__name__)
@@ -126,7 +133,7 @@ class _OpenAIGeneration(Api):
             prompt=prompt,
             max_new_tokens=_max_tokens(req, limits),
             sampling=_sampling(req),
-            stop=_stop(req.stop),
+            stop=stop_strings(req.stop),
             stream=bool(req.stream),
             ignore_eos=bool(req.ignore_eos),
             add_special_tokens=add_special_tokens,
@@ -269,13 +276,9 @@ class ModelsApi(Api):
 
 
 def _max_tokens(req: Any, limits: Limits) -> int:
-    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    value = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    if value is None:
-        return limits.default_max_new_tokens
-    if not 1 <= value <= limits.max_new_tokens:
-        raise InvalidRequest(f"{param} must be between 1 and {limits.max_new_tokens}, got {value}", param)
-    return value
+    if req.max_completion_tokens is not None:
+        return checked_max_new_tokens(req.max_completion_tokens, limits, "max_completion_tokens")
+    return checked_max_new_tokens(req.max_tokens, limits, "max_tokens")
 
 
 def _sampling(req: Any) -> SamplingParams:
@@ -283,12 +286,3 @@ def _sampling(req: Any) -> SamplingParams:
     temperature = 1.0 if req.temperature is None else float(req.temperature)
     top_p = 1.0 if req.top_p is None else float(req.top_p)
     return SamplingParams(do_sample=temperature > 0, temperature=temperature, top_p=top_p, seed=req.seed)
-
-
-def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
-    stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}", "stop")
-    if any(s == "" for s in stops):
-        raise InvalidRequest("stop strings must not be empty", "stop")
-    return tuple(stops)

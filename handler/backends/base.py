@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from handler.protocol import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def clamp_n_positions(wanted: int, limit: int | None, what: str) -> int:
+    """The configured n_positions, or less (with a warning) when the model allows fewer."""
+    if limit is None or wanted <= limit:
+        return wanted
+    logger.warning("n_positions %d is above the %s's %d positions; using %d", wanted, what, limit, limit)
+    return limit
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from handler.backends.base import clamp_n_positions
 from handler.backends.generate_backend import GenerateBackend
 from handler.config import HandlerConfig
 
@@ -52,12 +53,5 @@ class HFBackend(GenerateBackend):
         ).eval()
         self.pad_token_id = self.tokenizer.pad_token_id
         self.eos_token_ids = eos_token_ids(self.generation_model.config, self.tokenizer)
-        max_positions = getattr(self.generation_model.config, "max_position_embeddings", config.n_positions)
-        self.n_positions = min(config.n_positions, max_positions)
-        if self.n_positions < config.n_positions:
-            logger.warning(
-                "n_positions %d is above the model's %d positions; using %d",
-                config.n_positions,
-                max_positions,
-                self.n_positions,
-            )
+        max_positions = getattr(self.generation_model.config, "max_position_embeddings", None)
+        self.n_positions = clamp_n_positions(config.n_positions, max_positions, "model")

@@ -14,6 +14,18 @@ logger = logging.getLogger(__name__)
 
 def load_backend(config: ServingConfig, model_dir: str | Path | None, context: Any = None) -> Backend:
     """`context` (TorchServe's) gives neuronx this worker's gpu_id and the worker count."""
+    backend = _load(config, model_dir, context)
+    compiled = backend.static_batch_size
+    if compiled is not None and config.micro_batching.micro_batch_size > compiled:
+        backend.close()
+        raise ConfigError(
+            f"model-config.yaml: micro_batching.micro_batch_size ({config.micro_batching.micro_batch_size}) is above "
+            f"the {backend.name} model's compiled batch size ({compiled}); set micro_batch_size <= {compiled}"
+        )
+    return backend
+
+
+def _load(config: ServingConfig, model_dir: str | Path | None, context: Any) -> Backend:
     from handler.neuron.auto import resolve_auto, worker_of
 
     config = resolve_auto(config)

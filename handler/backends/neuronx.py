@@ -32,7 +32,7 @@ from typing import Any
 
 from transformers import AutoConfig, GenerationMixin
 
-from handler.backends.base import RowSpec
+from handler.backends.base import RowSpec, clamp_n_positions
 from handler.backends.generate_backend import GenerateBackend
 from handler.backends.hf import eos_token_ids, load_tokenizer
 from handler.config import ConfigError, ServingConfig
@@ -111,7 +111,9 @@ class NeuronxBackend(GenerateBackend):
         self.pad_token_id = self.tokenizer.pad_token_id
         hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
         self.eos_token_ids = eos_token_ids(hf_config, self.tokenizer)
-        self.n_positions = self._n_positions(handler.n_positions, hf_config)
+        self.n_positions = clamp_n_positions(
+            handler.n_positions, getattr(hf_config, "max_position_embeddings", None), "model"
+        )
         self.buckets = context_buckets(self.settings, self.n_positions)
 
         available = self.settings.num_cores or detect_cores()
@@ -153,13 +155,6 @@ class NeuronxBackend(GenerateBackend):
             super().generate(rows, streamer, is_finished)
 
     # -- configuration ---------------------------------------------------------------
-    @staticmethod
-    def _n_positions(wanted: int, hf_config: Any) -> int:
-        limit = getattr(hf_config, "max_position_embeddings", None) or wanted
-        if wanted > limit:
-            logger.warning("n_positions %d is above the model's %d positions; using %d", wanted, limit, limit)
-        return min(wanted, limit)
-
     def _model_class(self) -> type:
         *module_path, class_name = self.settings.model_class.split(".")
         module_name = ".".join(["transformers_neuronx", *module_path])

@@ -30,10 +30,11 @@ from typing import Any, Protocol
 
 import torch
 
-from handler.backends.base import Backend, RowSpec
+from handler.backends.base import Backend, RowSpec, clamp_n_positions
 from handler.backends.hf import load_tokenizer
 from handler.backends.sim_profile import Profile, load_profile, resolve_profile_path
 from handler.config import ConfigError, HandlerConfig, SimConfig
+from handler.generation import left_pad
 
 logger = logging.getLogger(__name__)
 
@@ -173,9 +174,7 @@ class SimBackend(Backend):
         self.tokenizer = load_tokenizer(checkpoint, config.trust_remote_code)
         self.eos_token_ids = frozenset({self.tokenizer.eos_token_id})
         vocab_ids = text_token_ids(self.tokenizer)
-        self.n_positions = min(config.n_positions, self.profile.n_positions)
-        if self.n_positions < config.n_positions:
-            logger.warning("n_positions %d is above the profile's %d", config.n_positions, self.profile.n_positions)
+        self.n_positions = clamp_n_positions(config.n_positions, self.profile.n_positions, "profile")
         self.model = SimModel(
             self.profile,
             vocab_ids,
@@ -210,9 +209,7 @@ class SimBackend(Backend):
     def generate(self, rows: Sequence[RowSpec], streamer: Any, is_finished: Callable[[int], bool]) -> None:
         if len(rows) > self.profile.batch_size:
             raise ValueError(f"{len(rows)} rows exceed the compiled batch size {self.profile.batch_size}")
-        width = max(len(r.prompt_ids) for r in rows)
-        padded = [[self.model.pad_token_id] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in rows]
-        streamer.put(torch.tensor(padded, dtype=torch.long))
+        streamer.put(left_pad([r.prompt_ids for r in rows], self.model.pad_token_id)[0])
         slots = [self.model.new_slot(row) for row in rows]
         streamer.put(self.model.prefill(slots, _as_tensor))
         while True:

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from handler.config import ConfigError
 from handler.inf2_handler import Inf2StreamingHandler
 from tests.bench.conftest import sim_model_yaml
 from tests.torchserve_harness import make_context, run_batch
@@ -60,3 +61,17 @@ def test_a_micro_batch_of_several_requests(served):
     bodies = [{"prompt": f"Request number {i}", "max_new_tokens": 5 + i, "ignore_eos": True} for i in range(5)]
     replies = run_batch(handler, context, bodies)
     assert [r.lines[-1]["usage"]["completion_tokens"] for r in replies] == [5, 6, 7, 8, 9]
+
+
+def test_micro_batch_above_the_compiled_batch_fails_initialize(tiny_model_dir):
+    """The 7B profile is compiled for batch 8: a micro-batch of 16 could never run."""
+    raw = sim_model_yaml(tiny_model_dir, micro_batch_size=16)
+    raw["batchSize"] = 16
+    handler = Inf2StreamingHandler()
+    try:
+        with pytest.raises(
+            ConfigError, match=r"micro_batch_size \(16\) is above the sim model's compiled batch size \(8\)"
+        ):
+            handler.initialize(make_context(raw, str(tiny_model_dir)))
+    finally:
+        handler.shutdown()
