@@ -68,10 +68,12 @@ $(TS_CONFIG): Makefile
 		"grpc_management_port=$(GRPC_MANAGEMENT_PORT)" \
 		"model_store=$(MODEL_STORE)" \
 		"load_models=$(MODEL_NAME)" \
+		"allowed_urls=file://$(abspath $(MODEL_STORE))/.*" \
 		"default_response_timeout=300" \
 		$(TS_METRICS_PROPERTIES) > $@
 
 serve: archive
+	@$(PY) scripts/torchserve_compat.py require-secure-defaults  # token auth + model API off need TorchServe 0.12
 	$(MAKE) --no-print-directory $(TS_CONFIG) -B
 	mkdir -p logs
 	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 $(TS_ENV) $(BIN)/torchserve --start --ncs \
@@ -98,9 +100,11 @@ demo: venv
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# vermin: nothing newer than Python 3.10 (the Neuron DLAMI venvs and DLCs run 3.10)
 lint: venv
 	$(BIN)/ruff check handler scripts tests
 	$(BIN)/ruff format --check handler scripts tests
+	$(BIN)/vermin --target=3.10- --violations --eval-annotations --no-tips --exclude long handler scripts tests
 
 clean:
 	rm -rf $(BUILD) $(MODEL_STORE) logs key_file.json .pytest_cache $(DEFAULT_MODEL_DIR) bench_results

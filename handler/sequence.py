@@ -20,10 +20,15 @@ class State(enum.Enum):
     FAILED = "failed"
 
 
-class FinishReason(enum.StrEnum):
+class FinishReason(str, enum.Enum):
+    """A str that prints as its value, like enum.StrEnum (Python 3.11+ only)."""
+
     EOS = "eos"
     LENGTH = "length"
     STOP = "stop"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass

@@ -26,7 +26,7 @@ from handler.config import ServingConfig
 from handler.engine import MicroBatchEngine
 from handler.errors import EngineError, InvalidRequest, ServingError, to_http
 from handler.metrics import TokenMetrics, arrival_time
-from handler.protocol import GenerationRequest, Limits
+from handler.protocol import GenerationRequest, Limits, decode_body
 from handler.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -82,11 +82,13 @@ class GenerationService:
         work = Work(index, context.get_request_id(index) or str(index), NativeApi())
         work.arrived_at = arrival_time(context, index)
         try:
-            work.api = select_api(context.get_request_header(index, "url_path"), context.model_name)
+            url_path = context.get_request_header(index, "url_path")
+            body = None if _names_a_route(url_path) else decode_body(_body_of(row))
+            work.api = select_api(url_path, context.model_name, body)
             work.reply = work.api.immediate()
             if work.reply is not None:
                 return work
-            request = work.api.parse(_body_of(row), self.limits, self.backend.tokenizer)
+            request = work.api.parse(_body_of(row) if body is None else body, self.limits, self.backend.tokenizer)
             with self._tokenizer_lock:  # a rendered chat template already holds its special tokens
                 prompt_ids = self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
             self._check_length(request, len(prompt_ids))
@@ -184,6 +186,10 @@ class GenerationService:
 
     def close(self) -> None:
         self.backend.close()
+
+
+def _names_a_route(url_path: str | None) -> bool:
+    return bool((url_path or "").strip("/"))
 
 
 def _body_of(row: Any) -> Any:

@@ -7,16 +7,17 @@
 HF_MODEL ?=
 CHECKPOINT_FORMAT ?= safetensors
 NEURON_PYTEST_ARGS ?=
-COMPAT_VENV ?= .venv-transformers4
-COMPAT_TRANSFORMERS ?= 4.46.3
+COMPAT_VENV ?= .venv-compat
+COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python3.10) $(shell command -v python3.10))
+COMPAT_PYTEST_ARGS ?=
 
-.PHONY: neuron-venv checkpoint compile test-neuron test-neuron-fake test-transformers4
+.PHONY: neuron-venv checkpoint compile test-neuron test-neuron-fake compat-venv test-compat
 
 # Adds the serving dependencies to an existing Neuron venv (VENV=...) and marks it installed, so
 # `make venv` never replaces its torch-neuronx / transformers with the CPU pins of requirements.txt.
 neuron-venv:
 	test -x $(PY) || { echo "VENV=$(VENV) is not a venv; activate the Neuron DLAMI venv and pass VENV=\$$VIRTUAL_ENV"; exit 1; }
-	$(BIN)/pip install -r requirements-neuron.txt pytest pytest-timeout
+	$(BIN)/pip install -r requirements-neuron.txt $$(grep -E "^pytest" requirements-dev.txt)
 	touch $(VENV)/.installed
 
 # HF_MODEL: a local Hugging Face model folder; MODEL_DIR: the checkpoint the archive will use.
@@ -38,16 +39,18 @@ test-neuron: venv
 test-neuron-fake: venv
 	$(PY) -m pytest tests/neuron -m "not neuron" $(NEURON_PYTEST_ARGS)
 
-# The serving path and the fake-backed neuronx tests on the transformers 4.4x a Neuron venv has
-# (separate venv, ~1.5 GB). CI runs it after `make test`.
-$(COMPAT_VENV)/.installed: mk/neuron.mk
-	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/pip install --quiet torch==2.13.0
-	$(COMPAT_VENV)/bin/pip install --quiet transformers==$(COMPAT_TRANSFORMERS) torchserve==0.12.0 \
-		torch-model-archiver==0.12.0 pydantic==2.14.4 pyyaml==6.0.4 tqdm==4.70.1 httpx==0.28.1 safetensors \
-		$$(grep -E "^pytest" requirements-dev.txt)
+# The test suite on the stack Inferentia users run (requirements-compat.txt): Python 3.10,
+# TorchServe 0.11.0 (the SageMaker Neuron DLC's), transformers 4.48.3 (the Neuron SDK 2.25's),
+# torch 2.7.0, in its own venv. CI runs it after `make test`.
+$(COMPAT_VENV)/.installed: requirements-compat.txt requirements-dev.txt
+	@test -n "$(COMPAT_PYTHON)" || { echo "no Python 3.10 found: set COMPAT_PYTHON=/path/to/python3.10 (pyenv install 3.10)"; exit 1; }
+	test -x $(COMPAT_VENV)/bin/python || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install --quiet --upgrade pip
+	$(COMPAT_VENV)/bin/pip install --quiet -r requirements-compat.txt
+	$(COMPAT_VENV)/bin/pip install --quiet -r requirements-compat.txt -r requirements-dev.txt
 	touch $@
 
-test-transformers4: $(COMPAT_VENV)/.installed
-	$(COMPAT_VENV)/bin/python -m pytest tests/unit tests/integration tests/e2e tests/neuron -m "not neuron" \
-		$(NEURON_PYTEST_ARGS)
+compat-venv: $(COMPAT_VENV)/.installed
+
+test-compat: $(COMPAT_VENV)/.installed guidellm
+	$(COMPAT_VENV)/bin/python -m pytest $(COMPAT_PYTEST_ARGS)

@@ -1,10 +1,11 @@
 """A private `torchserve` on this host, for end-to-end tests and the benchmark.
 
 The archive is built the way `make archive` does; every port (HTTP and gRPC) is a free one
-on 127.0.0.1; token auth stays on; the temp dir is private (TorchServe keeps its pid file
-and its workers' Unix sockets there, so a shared one lets `--stop` stop another server and
-two servers' workers fight over /tmp/.ts.sock.9000); the frontend logs with
-serving/log4j2.xml. Callers stop it in a `finally`.
+on 127.0.0.1; token auth stays on where TorchServe has it (0.12; 0.11 has none, see
+scripts/torchserve_compat.py); `allowed_urls` admits only the model store; the temp dir is
+private (TorchServe keeps its pid file and its workers' Unix sockets there, so a shared one
+lets `--stop` stop another server and two servers' workers fight over /tmp/.ts.sock.9000);
+the frontend logs with serving/log4j2.xml. Callers stop it in a `finally`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from scripts.torchserve_compat import allowed_urls_for
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -51,9 +54,15 @@ class TorchServe:
         return f"{self.url}/predictions/{self.model_name}"
 
     @property
+    def key_file(self) -> Path:
+        return self.workdir / "key_file.json"
+
+    @property
     def headers(self) -> dict[str, str]:
-        key_file = self.workdir / "key_file.json"
-        key = json.loads(key_file.read_text())["inference"]["key"]
+        """The inference key's header; none where token auth is off (or absent: TorchServe 0.11)."""
+        if not self.key_file.exists():
+            return {}
+        key = json.loads(self.key_file.read_text())["inference"]["key"]
         return {"Authorization": f"Bearer {key}"}
 
     def log_text(self, name: str = "model_log.log") -> str:
@@ -132,6 +141,7 @@ def start_torchserve(
         "grpc_management_port": str(free_port()),
         "model_store": str(store),
         "load_models": model_name,
+        "allowed_urls": allowed_urls_for(str(store)),
         **(extra_properties or {}),
     }
     (workdir / "config.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
@@ -161,12 +171,12 @@ def _wait_ready(server: TorchServe, timeout: float) -> None:
         if "Load model failed" in server.log_text("ts_log.log"):
             break
         try:
-            if (server.workdir / "key_file.json").exists():
-                body = {"prompt": "ping", "max_new_tokens": 1, "stream": False}
-                response = httpx.post(server.predictions_url, json=body, headers=server.headers, timeout=10)
-                if response.status_code == 200:
-                    return
-                last = f"{response.status_code} {response.text[:200]}"
+            # no key yet (0.12 writes key_file.json at start; 0.11 and auth-off servers never do): 400, retried
+            body = {"prompt": "ping", "max_new_tokens": 1, "stream": False}
+            response = httpx.post(server.predictions_url, json=body, headers=server.headers, timeout=10)
+            if response.status_code == 200:
+                return
+            last = f"{response.status_code} {response.text[:200]}"
         except (httpx.HTTPError, ValueError) as exc:  # ValueError: key_file.json still being written
             last = repr(exc)
         time.sleep(0.5)

@@ -1,15 +1,22 @@
 """Wire protocols, chosen per request by the path after `/predictions/<model>/<version>/`.
 
-''                      native NDJSON (also `/invocations`, which carries no url_path)
+''                      native NDJSON, or OpenAI for an OpenAI-shaped body (below)
 'v1/completions'        OpenAI completions (SSE when streaming)
 'v1/chat/completions'   OpenAI chat completions
 'v1/models[/<id>]'      OpenAI model listing, answered without generating
+
+Without a path (`/predictions/<model>`, `/invocations`, and every route on TorchServe 0.11,
+whose frontend does not pass `url_path`), an OpenAI-shaped JSON body is served as OpenAI,
+as SageMaker's LLM containers do: `messages` -> chat completions, `model` with `prompt` ->
+completions. Native bodies (`prompt` without `model`, `inputs`, plain text) stay native.
 
 OpenAI Apis keep per-request state (id, first chunk sent), so each request gets a
 fresh instance; the stateless native Api is shared.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from handler.api.base import Api
 from handler.api.native import NativeApi
@@ -24,11 +31,11 @@ _GENERATION_ROUTES: dict[str, type[CompletionsApi] | type[ChatCompletionsApi]] =
 _MODELS = "v1/models"
 
 
-def select_api(url_path: str | None, model_name: str) -> Api:
-    """The Api for TorchServe's `url_path` request header ('' or None: the native route)."""
+def select_api(url_path: str | None, model_name: str, body: dict[str, Any] | str | None = None) -> Api:
+    """The Api for TorchServe's `url_path` request header; without one, for the decoded body's shape."""
     path = (url_path or "").strip("/")
     if not path:
-        return _NATIVE
+        return _api_for_body(body, model_name)
     if path in _GENERATION_ROUTES:
         return _GENERATION_ROUTES[path](model_name)
     if path == _MODELS:
@@ -36,3 +43,11 @@ def select_api(url_path: str | None, model_name: str) -> Api:
     if path.startswith(_MODELS + "/"):
         return ModelsApi(model_name, path[len(_MODELS) + 1 :])
     raise NotFound(f"unknown route '{path}'", "url_path")
+
+
+def _api_for_body(body: dict[str, Any] | str | None, model_name: str) -> Api:
+    if isinstance(body, dict) and "messages" in body:
+        return ChatCompletionsApi(model_name)
+    if isinstance(body, dict) and "model" in body and "prompt" in body:
+        return CompletionsApi(model_name)
+    return _NATIVE
