@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -24,10 +25,13 @@ from typing import Any
 import httpx
 import yaml
 
-from scripts.torchserve_compat import allowed_urls_for
-
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+
+def allowed_urls_for(model_store: Path) -> str:
+    """`allowed_urls`: only archives in the model store (TorchServe's default admits any http(s) or file URL)."""
+    return f"file://{re.escape(str(model_store))}/.*"
 
 
 def free_port() -> int:
@@ -60,9 +64,16 @@ class TorchServe:
     @property
     def headers(self) -> dict[str, str]:
         """The inference key's header; none where token auth is off (or absent: TorchServe 0.11)."""
+        return self._auth("inference")
+
+    @property
+    def management_headers(self) -> dict[str, str]:
+        return self._auth("management")
+
+    def _auth(self, api: str) -> dict[str, str]:
         if not self.key_file.exists():
             return {}
-        key = json.loads(self.key_file.read_text())["inference"]["key"]
+        key = json.loads(self.key_file.read_text())[api]["key"]
         return {"Authorization": f"Bearer {key}"}
 
     def log_text(self, name: str = "model_log.log") -> str:
@@ -141,7 +152,7 @@ def start_torchserve(
         "grpc_management_port": str(free_port()),
         "model_store": str(store),
         "load_models": model_name,
-        "allowed_urls": allowed_urls_for(str(store)),
+        "allowed_urls": allowed_urls_for(store),
         **(extra_properties or {}),
     }
     (workdir / "config.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))

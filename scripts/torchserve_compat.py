@@ -3,8 +3,7 @@
 0.12 (pip, the DLAMI path) has token authorization on by default and the model-registration
 API off by default. 0.11.0 (inside every SageMaker Neuron DLC) has neither: no token
 authorization without building a plugin, no switch for the model API, no `url_path` header
-for the OpenAI routes and no `startupTimeout`. A local server we start on 0.11 narrows
-`allowed_urls` to its model store; `make serve` refuses to start there (see `main`).
+for the OpenAI routes and no `startupTimeout`. `make serve` refuses to start there (see `main`).
 
     python scripts/torchserve_compat.py require-secure-defaults   # exit 1 with the reason on 0.11
 """
@@ -27,11 +26,6 @@ def installed_version() -> tuple[int, ...]:
 def has_secure_defaults(version: tuple[int, ...] | None = None) -> bool:
     """Token authorization and an off-by-default model API (TorchServe 0.12+)."""
     return (version or installed_version()) >= SECURE_DEFAULTS_SINCE
-
-
-def allowed_urls_for(model_store: str) -> str:
-    """`allowed_urls`: only archives inside the model store (TorchServe's default is any http(s) or file URL)."""
-    return f"file://{re.escape(model_store.rstrip('/'))}/.*"
 
 
 def main(argv: list[str] | None = None) -> int:
