@@ -6,50 +6,102 @@ import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
-from tests.e2e.conftest import FAILPOINT_MARKER
+from tests.e2e.conftest import E2E_MODEL_CONFIG, FAILPOINT_MARKER
+from tests.streaming import assert_first_arrived_while_generating, timed
+
+BATCH_DELAY_S = E2E_MODEL_CONFIG["maxBatchDelay"] / 1000
 
 
-def stream(server, body: dict) -> tuple[int, list[tuple[float, str]], httpx.Headers]:
+@dataclass
+class Streamed:
+    status: int
+    headers: httpx.Headers
+    started: float  # time.perf_counter() when the request was sent
+    arrivals: list[tuple[float, bytes]]  # (perf_counter, bytes) per chunk, as the client received it
+
+    @property
+    def times(self) -> list[float]:
+        return [t for t, _ in self.arrivals]
+
+    @property
+    def timed_lines(self) -> list[tuple[float, dict[str, Any]]]:
+        """Each NDJSON line with the moment the chunk that completed it arrived."""
+        out, pending = [], b""
+        for at, data in self.arrivals:
+            *complete, pending = (pending + data).split(b"\n")
+            out += [(at, json.loads(line)) for line in complete if line.strip()]
+        assert not pending.strip(), pending[-200:]
+        return out
+
+    @property
+    def lines(self) -> list[dict[str, Any]]:
+        return [line for _, line in self.timed_lines]
+
+    @property
+    def request_id(self) -> str:
+        request_id = self.headers.get("x-request-id")
+        assert request_id, f"no x-request-id header in {dict(self.headers)}"
+        return request_id
+
+
+def stream(server, body: dict) -> Streamed:
     """POST and read the body chunk by chunk, noting when each chunk arrived."""
     started = time.perf_counter()
-    arrivals = []
     with httpx.stream("POST", server.predictions_url, json=body, headers=server.headers, timeout=60) as response:
-        for chunk in response.iter_raw():
-            arrivals.append((time.perf_counter() - started, chunk.decode("utf-8", errors="replace")))
-        return response.status_code, arrivals, response.headers
+        arrivals = list(timed(response.iter_raw()))
+        return Streamed(response.status_code, response.headers, started, arrivals)
 
 
-def ndjson(arrivals) -> list[dict]:
-    return [json.loads(line) for line in "".join(text for _, text in arrivals).splitlines() if line]
+def ndjson(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line]
 
 
 def post(server, body) -> httpx.Response:
     return httpx.post(server.predictions_url, json=body, headers=server.headers, timeout=60)
 
 
+def frontend_batches(server) -> list[set[str]]:
+    """The request ids of every frontend batch the handler logged, in order
+    (handler/batching.py: "frontend batch of N request(s): id1,id2,...")."""
+    logged = re.findall(r"frontend batch of (\d+) request\(s\): (\S+)", server.log_text())
+    batches = [set(ids.split(",")) for _, ids in logged]
+    assert all(int(n) == len(ids) for (n, _), ids in zip(logged, batches, strict=True)), logged[-5:]
+    return batches
+
+
+def assert_one_batch(server, request_ids: list[str]) -> None:
+    """These requests, and no others, made up one frontend batch (so one micro-batch here:
+    micro_batch_size >= batchSize). Matched by id: other tests' batches cannot satisfy it."""
+    assert len(set(request_ids)) == len(request_ids), request_ids
+    batches = frontend_batches(server)
+    holding = [b for b in batches if b & set(request_ids)]
+    assert holding == [set(request_ids)], f"batches holding {request_ids}: {holding}"
+
+
 def test_chunks_arrive_while_generating(server):
     body = {"prompt": "Once upon a time", "max_new_tokens": 400, "ignore_eos": True}
-    status, arrivals, headers = stream(server, body)
-    assert status == 200
-    assert headers["content-type"] == "application/x-ndjson"
-    lines = ndjson(arrivals)
+    response = stream(server, body)
+    assert response.status == 200
+    assert response.headers["content-type"] == "application/x-ndjson"
+    lines = response.lines
     assert lines[-1]["finish_reason"] == "length"
     assert lines[-1]["usage"]["completion_tokens"] == 400
-    first, last = arrivals[0][0], arrivals[-1][0]
-    assert len(arrivals) > 20
-    assert first < 0.5 * last, f"first chunk at {first:.3f}s, last at {last:.3f}s: not streamed"
+    assert len(response.arrivals) > 20
+    assert_first_arrived_while_generating(response.started, response.times, BATCH_DELAY_S)
 
 
 def test_stream_concatenation_equals_non_streamed_text(server):
     body = {"prompt": "Streaming sends each piece of text", "max_new_tokens": 60, "ignore_eos": True}
-    _, arrivals, _ = stream(server, body)
+    streamed = stream(server, body)
     whole = post(server, {**body, "stream": False})
     assert whole.status_code == 200
     assert whole.headers["content-type"] == "application/json"
-    lines = ndjson(arrivals)
+    lines = streamed.lines
     assert "".join(line["text"] for line in lines) == whole.json()["text"]
     assert lines[-1]["usage"] == whole.json()["usage"]
 
@@ -63,9 +115,7 @@ def test_concurrent_requests_share_one_frontend_batch(server):
     bodies = [{"prompt": f"Request number {i}", "max_new_tokens": 16, "stream": False} for i in range(4)]
     responses = concurrently(server, bodies)
     assert [r.status_code for r in responses] == [200] * 4
-    ids = {r.headers["x-request-id"] for r in responses}
-    batches = re.findall(r"frontend batch of (\d+) request\(s\): (\S+)", server.log_text())
-    assert any(n == "4" and set(listed.split(",")) == ids for n, listed in batches), batches[-5:]
+    assert_one_batch(server, [r.headers.get("x-request-id", "") for r in responses])
 
 
 def test_one_invalid_request_in_a_concurrent_batch(server):
@@ -86,8 +136,8 @@ def test_server_keeps_serving_after_a_failure_inside_generate(server):
     )
     assert failed.status_code == 500
     assert failed.json()["error"]["type"] == "server_error"
-    status, arrivals, _ = stream(server, {"prompt": f"{FAILPOINT_MARKER} go", "max_new_tokens": 50, "ignore_eos": True})
-    assert status == 200 and "error" in ndjson(arrivals)[-1]
+    streamed = stream(server, {"prompt": f"{FAILPOINT_MARKER} go", "max_new_tokens": 50, "ignore_eos": True})
+    assert streamed.status == 200 and "error" in streamed.lines[-1]
     after = post(server, {"prompt": "Are you still there?", "max_new_tokens": 8, "stream": False})
     assert after.status_code == 200
     assert after.json()["finish_reason"] in {"eos", "length"}
@@ -101,7 +151,7 @@ def test_plain_text_and_sagemaker_style_bodies(server):
         timeout=60,
     )
     assert plain.status_code == 200
-    assert ndjson([(0, plain.text)])[-1]["finish_reason"] in {"eos", "length"}
+    assert ndjson(plain.text)[-1]["finish_reason"] in {"eos", "length"}
     broken = httpx.post(
         server.predictions_url,
         content=b'{"prompt": "unterminated',
@@ -117,17 +167,16 @@ def test_a_row_that_ends_early_closes_its_stream_before_its_batch_mates(server):
         {"prompt": "Short answer", "max_new_tokens": 4, "ignore_eos": True},
         {"prompt": "Long answer", "max_new_tokens": 400, "ignore_eos": True},
     ]
-
-    def finish_line_time(body) -> float:
-        with httpx.stream("POST", server.predictions_url, json=body, headers=server.headers, timeout=60) as response:
-            for line in response.iter_lines():
-                if line and "finish_reason" in json.loads(line):
-                    return time.perf_counter()
-        raise AssertionError("no finish_reason line")
-
-    started = time.perf_counter()
     with ThreadPoolExecutor(2) as pool:
-        short_done, long_done = (t - started for t in pool.map(finish_line_time, bodies))
-    batches = re.findall(r"frontend batch of (\d+) request", server.log_text())
-    assert "2" in batches  # both rows shared one batch: the short one did not simply go first
-    assert short_done < 0.5 * long_done, f"short finished at {short_done:.3f}s, long at {long_done:.3f}s"
+        short, long = pool.map(lambda body: stream(server, body), bodies)
+    assert (short.status, long.status) == (200, 200)
+    # both rows shared one batch: the short one did not simply run (and end) first
+    assert_one_batch(server, [short.request_id, long.request_id])
+    (short_done,) = [at for at, line in short.timed_lines if "finish_reason" in line]
+    long_lines = long.timed_lines
+    assert long_lines[-1][1]["usage"]["completion_tokens"] == 400
+    halfway = long_lines[len(long_lines) // 2][0]
+    # an ordering of arrivals, not a duration: the long row had half its text still to come
+    assert short_done < halfway, (
+        f"short row's finish line arrived {short_done - halfway:.3f} s after the long row's halfway line"
+    )

@@ -7,7 +7,7 @@ import pytest
 from handler.config import ConfigError
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from handler.inf2_handler import Inf2StreamingHandler
-from tests.torchserve_harness import make_context, run_batch
+from tests.torchserve_harness import assert_streamed_while_generating, generation_ends, make_context, run_batch
 
 
 def model_yaml(model_dir, **handler):
@@ -33,10 +33,11 @@ def batch(served, rows, headers=None):
 
 
 def test_streams_ndjson_with_final_usage(served, tiny_tokenizer):
-    (reply,) = batch(served, [{"prompt": "Today the weather is", "max_new_tokens": 20, "ignore_eos": True}])
+    with generation_ends(served[0]) as ends:
+        (reply,) = batch(served, [{"prompt": "Today the weather is", "max_new_tokens": 20, "ignore_eos": True}])
     assert reply.status == 200
     assert reply.content_type == "application/x-ndjson"
-    assert len(reply.chunks) > 1  # text went out before the end
+    assert_streamed_while_generating(reply, ends[0])  # text went out before the end
     lines = reply.lines
     assert all(set(line) == {"text"} for line in lines[:-1])
     last = lines[-1]
@@ -139,14 +140,16 @@ def test_body_shapes(served, row):
 
 def test_failure_inside_generate_answers_and_worker_keeps_serving(served, monkeypatch):
     monkeypatch.setenv(FAILPOINT_ENV, "FAIL-HERE")
-    streamed, whole = batch(
-        served,
-        [
-            {"prompt": "FAIL-HERE please", "max_new_tokens": 30, "ignore_eos": True},
-            {"prompt": "batch-mate", "max_new_tokens": 30, "stream": False, "ignore_eos": True},
-        ],
-    )
-    assert streamed.status == 200 and streamed.chunks  # failed mid-stream: error in-band as the last line
+    with generation_ends(served[0]) as ends:
+        streamed, whole = batch(
+            served,
+            [
+                {"prompt": "FAIL-HERE please", "max_new_tokens": 30, "ignore_eos": True},
+                {"prompt": "batch-mate", "max_new_tokens": 30, "stream": False, "ignore_eos": True},
+            ],
+        )
+    assert streamed.status == 200
+    assert_streamed_while_generating(streamed, ends[0])  # failed mid-stream: error in-band as the last line
     assert streamed.lines[-1]["error"]["type"] == "server_error"
     assert whole.status == 500
     assert "injected failure" in json.loads(whole.final)["error"]["message"]

@@ -8,6 +8,7 @@ import pytest
 
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from tests.openai.sse import DONE, reply_events
+from tests.torchserve_harness import assert_streamed_while_generating, generation_ends
 
 COMPLETIONS = "v1/completions"
 CHAT = "v1/chat/completions"
@@ -17,7 +18,7 @@ def text_of(events) -> str:
     return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict) and e["choices"])
 
 
-def test_streamed_completion_is_sse_with_finish_and_usage(call, tiny_tokenizer):
+def test_streamed_completion_is_sse_with_finish_and_usage(served, call, tiny_tokenizer):
     body = {
         "model": "m",
         "prompt": "Today the weather is",
@@ -26,10 +27,11 @@ def test_streamed_completion_is_sse_with_finish_and_usage(call, tiny_tokenizer):
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
     }
-    (reply,) = call((COMPLETIONS, body))
+    with generation_ends(served[0]) as ends:
+        (reply,) = call((COMPLETIONS, body))
     assert reply.status == 200
     assert reply.content_type == "text/event-stream"
-    assert len(reply.chunks) > 1  # events went out while generating
+    assert_streamed_while_generating(reply, ends[0])  # events went out while generating
     events = reply_events(reply)
     assert events[-1] == DONE
     usage_event, finish_event = events[-2], events[-3]
@@ -160,11 +162,13 @@ def test_bad_request_fails_alone_in_its_batch(call):
     assert native.content_type == "application/x-ndjson"
 
 
-def test_failure_after_first_chunk_is_an_in_band_error_event(call, monkeypatch):
+def test_failure_after_first_chunk_is_an_in_band_error_event(served, call, monkeypatch):
     monkeypatch.setenv(FAILPOINT_ENV, "FAIL-HERE")
     body = {"prompt": "FAIL-HERE now", "max_tokens": 30, "stream": True, "ignore_eos": True}
-    (reply,) = call((COMPLETIONS, body))
-    assert reply.status == 200 and reply.chunks
+    with generation_ends(served[0]) as ends:
+        (reply,) = call((COMPLETIONS, body))
+    assert reply.status == 200
+    assert_streamed_while_generating(reply, ends[0])  # the error came after text had gone out
     events = reply_events(reply)
     assert events[-1] == DONE
     error = events[-2]["error"]
