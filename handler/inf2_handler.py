@@ -12,9 +12,19 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 # Models load from local directories only; never reach for a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# The archive's own Python dependencies, bundled by `make sagemaker-archive` for the DLC's
+# Python (deps/cp310): endpoints without internet cannot pip install at load. First on the
+# path, so they win over whatever the image ships; on any other Python the venv's are used.
+_BUNDLED_DEPS = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "deps", f"cp{sys.version_info[0]}{sys.version_info[1]}"
+)
+if os.path.isdir(_BUNDLED_DEPS) and _BUNDLED_DEPS not in sys.path:
+    sys.path.insert(0, _BUNDLED_DEPS)
 
 from ts.torch_handler.base_handler import BaseHandler
 

@@ -1,10 +1,11 @@
-# SageMaker real-time endpoint on ml.inf2 (PyTorch Neuron DLC, TorchServe inside).
-# make archive                       model_store/$(MODEL_NAME)/ (no-archive), with requirements-archive.txt
-# make sagemaker-local               torchserve as in the container: /ping, /invocations, no token
-# make sagemaker-upload   SAGEMAKER_S3_URI=s3://bucket/prefix/
+# SageMaker real-time endpoint on ml.inf2 (PyTorch Neuron DLC, SDK 2.25, TorchServe 0.11.0 inside).
+# make sagemaker-archive  MODEL_DIR=/path/to/checkpoint   build/sagemaker/model_store/$(MODEL_NAME)/: your checkpoint
+#                                                          + SAGEMAKER_MODEL_CONFIG + bundled deps + sagemaker.properties
+# make sagemaker-upload   MODEL_DIR=... SAGEMAKER_S3_URI=s3://bucket/prefix/   builds it, checks it, uploads it
 # make sagemaker-deploy   SAGEMAKER_S3_URI=... SAGEMAKER_ROLE_ARN=arn:aws:iam::...:role/... [SAGEMAKER_ENDPOINT=...]
 # make sagemaker-stream   [PROMPT="..."]
 # make sagemaker-delete
+# make sagemaker-local    torchserve with serving/sagemaker.properties on the local archive: /ping, /invocations
 SAGEMAKER_S3_URI ?=
 SAGEMAKER_ROLE_ARN ?=
 SAGEMAKER_ENDPOINT ?= inf2-llm-$(MODEL_NAME)
@@ -13,21 +14,36 @@ SAGEMAKER_INSTANCE_COUNT ?= 1
 SAGEMAKER_VOLUME_SIZE ?= 64
 SAGEMAKER_DOWNLOAD_TIMEOUT ?= 3600
 SAGEMAKER_STARTUP_TIMEOUT ?= 600
+SAGEMAKER_READY_TIMEOUT ?= 1800
 SAGEMAKER_DEPLOY_ARGS ?=
 SAGEMAKER_MAX_NEW_TOKENS ?= 128
 AWS_REGION ?=
 SAGEMAKER_LOCAL_CONFIG := $(BUILD)/sagemaker-local.properties
-
-# Every archive carries the runtime requirements the DLC lacks (torch-model-archiver -r);
-# TorchServe installs them only where install_py_dep_per_model=true (the SageMaker config).
-ARCHIVER_ARGS ?= -r requirements-archive.txt
+# The SageMaker archive: its own config, build folder and model store, never the local ones.
+SAGEMAKER_MODEL_CONFIG ?= configs/model-config-sagemaker-inf2.yaml
+SAGEMAKER_BUILD ?= $(BUILD)/sagemaker
+SAGEMAKER_MODEL_FOLDER = $(SAGEMAKER_BUILD)/model_store/$(MODEL_NAME)
+# 1: package the tiny test model anyway (it cannot serve on Inferentia: for trying the pipeline only).
+SAGEMAKER_ALLOW_TINY_MODEL ?= 0
 
 _sagemaker_probe = curl -sf http://$(HOST):$(INFERENCE_PORT)/invocations -H 'Content-Type: application/json' \
 	-d '{"prompt": "ping", "max_new_tokens": 1, "stream": false}'
 _aws_region = $(if $(AWS_REGION),--region $(AWS_REGION))
 _require = $(if $($(1)),,$(error set $(1), e.g. make $@ $(1)=$(2)))
+_sagemaker_tiny = $(filter $(abspath $(DEFAULT_MODEL_DIR)),$(abspath $(MODEL_DIR)))
+_sagemaker_tiny_refused = $(and $(_sagemaker_tiny),$(filter-out 1,$(SAGEMAKER_ALLOW_TINY_MODEL)))
+_sagemaker_tiny_message = MODEL_DIR is the tiny test model ($(DEFAULT_MODEL_DIR)), which cannot serve on Inferentia. \
+	Pass your checkpoint: make sagemaker-archive MODEL_DIR=/path/to/checkpoint (compiled first with \
+	make compile MODEL_CONFIG=$(SAGEMAKER_MODEL_CONFIG)), or SAGEMAKER_ALLOW_TINY_MODEL=1 to package the tiny model anyway
 
-.PHONY: sagemaker-local sagemaker-upload sagemaker-deploy sagemaker-stream sagemaker-delete
+# An upload without a destination fails before the archive is built, not after.
+ifneq ($(filter sagemaker-upload,$(MAKECMDGOALS)),)
+ifeq ($(SAGEMAKER_S3_URI),)
+$(error set SAGEMAKER_S3_URI, e.g. make sagemaker-upload MODEL_DIR=/path/to/checkpoint SAGEMAKER_S3_URI=s3://my-bucket/$(MODEL_NAME)-inf2/)
+endif
+endif
+
+.PHONY: sagemaker-local sagemaker-archive sagemaker-upload sagemaker-deploy sagemaker-stream sagemaker-delete
 
 # serving/sagemaker.properties as the container runs it, bound to $(HOST):$(INFERENCE_PORT)
 # (0.0.0.0:8080 inside the container) and with the model registered as "model", as there.
@@ -37,7 +53,6 @@ sagemaker-local: archive
 		-e 's|^management_address=.*|management_address=http://$(HOST):$(MANAGEMENT_PORT)|' \
 		-e 's|^metrics_address=.*|metrics_address=http://$(HOST):$(METRICS_PORT)|' \
 		-e 's|^model_store=.*|model_store=$(MODEL_STORE)|' \
-		-e 's|^install_py_dep_per_model=.*|install_py_dep_per_model=false|' \
 		serving/sagemaker.properties > $(SAGEMAKER_LOCAL_CONFIG)
 	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 $(TS_ENV) $(BIN)/torchserve --start --ncs \
 		--ts-config $(SAGEMAKER_LOCAL_CONFIG) --log-config serving/log4j2.xml \
@@ -53,9 +68,16 @@ sagemaker-local: archive
 	@echo "  $(PY) scripts/sagemaker_stream.py --url http://$(HOST):$(INFERENCE_PORT) \"Today the weather is\""
 	@echo "  make stop"
 
-sagemaker-upload: archive
-	$(call _require,SAGEMAKER_S3_URI,s3://my-bucket/$(MODEL_NAME)-inf2/)
-	$(PY) scripts/sagemaker_upload.py --model-dir $(MODEL_STORE)/$(MODEL_NAME) --s3-uri $(SAGEMAKER_S3_URI) $(_aws_region)
+# Your checkpoint (MODEL_DIR, compiled with `make compile MODEL_CONFIG=$(SAGEMAKER_MODEL_CONFIG)`),
+# embedded, with SAGEMAKER_MODEL_CONFIG, the handler's dependencies for the DLC's Python 3.10
+# (pip, from PyPI or pip's configured index) and serving/sagemaker.properties.
+sagemaker-archive: venv $(if $(and $(_sagemaker_tiny),$(filter 1,$(SAGEMAKER_ALLOW_TINY_MODEL))),model)
+	$(if $(_sagemaker_tiny_refused),$(error $(_sagemaker_tiny_message)))
+	$(PY) scripts/sagemaker_archive.py --model-dir $(MODEL_DIR) --config $(SAGEMAKER_MODEL_CONFIG) \
+		--model-name $(MODEL_NAME) --build-dir $(SAGEMAKER_BUILD)
+
+sagemaker-upload: sagemaker-archive
+	$(PY) scripts/sagemaker_upload.py --model-dir $(SAGEMAKER_MODEL_FOLDER) --s3-uri $(SAGEMAKER_S3_URI) $(_aws_region)
 
 sagemaker-deploy: venv
 	$(call _require,SAGEMAKER_S3_URI,s3://my-bucket/$(MODEL_NAME)-inf2/)
@@ -65,7 +87,7 @@ sagemaker-deploy: venv
 		--instance-count $(SAGEMAKER_INSTANCE_COUNT) --volume-size $(SAGEMAKER_VOLUME_SIZE) \
 		--model-data-download-timeout $(SAGEMAKER_DOWNLOAD_TIMEOUT) \
 		--container-startup-health-check-timeout $(SAGEMAKER_STARTUP_TIMEOUT) \
-		--wait $(_aws_region) $(SAGEMAKER_DEPLOY_ARGS)
+		--wait --ready-timeout $(SAGEMAKER_READY_TIMEOUT) $(_aws_region) $(SAGEMAKER_DEPLOY_ARGS)
 
 sagemaker-stream: venv
 	$(PY) scripts/sagemaker_stream.py --endpoint-name $(SAGEMAKER_ENDPOINT) \

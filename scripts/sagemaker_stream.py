@@ -10,6 +10,11 @@ lines only, so every line is complete JSON and complete UTF-8.
 
 The body is the native request (`{"prompt", "max_new_tokens", "stream": true}`) sent to
 `/invocations`; `--plain` sends the prompt as bare text, as the seed's client does.
+
+Errors end the command with `error: <code>: <message>` on stderr and exit status 1: an
+error event in the stream (botocore raises ModelStreamError / InternalStreamFailure as
+`EventStreamError` while iterating), a refused call (ModelError, with the container's status
+and message), an error line from the handler, or a lost connection.
 """
 
 from __future__ import annotations
@@ -20,9 +25,12 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
+from botocore.exceptions import BotoCoreError, ClientError
+from urllib3.exceptions import HTTPError
+
 
 class StreamError(RuntimeError):
-    """The endpoint reported an error in the stream (or the stream itself failed)."""
+    """The endpoint reported an error (in the stream or instead of it), or the connection failed."""
 
 
 class LineAssembler:
@@ -43,30 +51,51 @@ class LineAssembler:
         return [rest.decode("utf-8").removesuffix("\r")] if rest.strip() else []
 
 
+def _client_error_message(exc: ClientError) -> str:
+    """`Code: message` from a botocore ClientError (EventStreamError included), ModelError's detail too."""
+    error = exc.response.get("Error", {})
+    message = f"{error.get('Code', 'Error')}: {error.get('Message', '')}".strip()
+    original = exc.response.get("OriginalMessage")
+    status = exc.response.get("OriginalStatusCode")
+    if original or status:
+        message += f" (container answered {status}: {original})"
+    return message
+
+
 def sagemaker_payloads(runtime: Any, endpoint_name: str, body: bytes, content_type: str) -> Iterator[bytes]:
-    response = runtime.invoke_endpoint_with_response_stream(
-        EndpointName=endpoint_name, Body=body, ContentType=content_type, Accept="application/x-ndjson"
-    )
-    for event in response["Body"]:
-        if "PayloadPart" in event:
-            yield event["PayloadPart"]["Bytes"]
-        else:
-            for kind in ("ModelStreamError", "InternalStreamFailure"):
-                if kind in event:
-                    detail = event[kind]
-                    raise StreamError(f"{kind}: {detail.get('ErrorCode', '')} {detail.get('Message', '')}".strip())
+    """The PayloadPart bytes of invoke_endpoint_with_response_stream, in order.
+
+    botocore raises an error event (ModelStreamError, InternalStreamFailure) as
+    `EventStreamError` while the stream is iterated; it and any failure of the call itself
+    become a StreamError with the service's code and message.
+    """
+    try:
+        response = runtime.invoke_endpoint_with_response_stream(
+            EndpointName=endpoint_name, Body=body, ContentType=content_type, Accept="application/x-ndjson"
+        )
+        for event in response["Body"]:
+            part = event.get("PayloadPart")
+            if part is not None:
+                yield part.get("Bytes", b"")
+    except ClientError as exc:  # EventStreamError is one
+        raise StreamError(_client_error_message(exc)) from None
+    except (BotoCoreError, HTTPError) as exc:  # no credentials, connection lost, read timeout mid-stream
+        raise StreamError(f"{type(exc).__name__}: {exc}") from None
 
 
 def http_payloads(url: str, body: bytes, content_type: str) -> Iterator[bytes]:
     """The same bytes straight from a container's /invocations (a local `make sagemaker-local`)."""
     import httpx
 
-    with httpx.stream(
-        "POST", f"{url.rstrip('/')}/invocations", content=body, headers={"Content-Type": content_type}, timeout=600
-    ) as response:
-        if response.status_code != 200:
-            raise StreamError(f"HTTP {response.status_code}: {response.read().decode('utf-8', 'replace')}")
-        yield from response.iter_raw()
+    try:
+        with httpx.stream(
+            "POST", f"{url.rstrip('/')}/invocations", content=body, headers={"Content-Type": content_type}, timeout=600
+        ) as response:
+            if response.status_code != 200:
+                raise StreamError(f"HTTP {response.status_code}: {response.read().decode('utf-8', 'replace')}")
+            yield from response.iter_raw()
+    except httpx.HTTPError as exc:
+        raise StreamError(f"{type(exc).__name__}: {exc}") from None
 
 
 def _record(line: str) -> dict[str, Any] | None:
@@ -122,7 +151,22 @@ def request_body(prompt: str, max_new_tokens: int, plain: bool) -> tuple[bytes, 
     return json.dumps(body, ensure_ascii=False).encode("utf-8"), "application/json"
 
 
-def main(argv: list[str] | None = None) -> None:
+def _payloads(args: argparse.Namespace, body: bytes, content_type: str, runtime: Any) -> Iterator[bytes]:
+    if args.url is not None:
+        yield from http_payloads(args.url, body, content_type)
+        return
+    if runtime is None:
+        import boto3
+
+        try:
+            runtime = boto3.client("sagemaker-runtime", region_name=args.region)
+        except BotoCoreError as exc:  # e.g. no region configured
+            raise StreamError(f"{type(exc).__name__}: {exc}") from None
+    yield from sagemaker_payloads(runtime, args.endpoint_name, body, content_type)
+
+
+def main(argv: list[str] | None = None, runtime: Any = None) -> None:
+    """Exit status 0 when the stream ended normally, 1 with `error: ...` on stderr otherwise."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--endpoint-name", help="a SageMaker endpoint (invoke_endpoint_with_response_stream)")
@@ -133,15 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--region", default=None)
     args = parser.parse_args(argv)
     body, content_type = request_body(args.prompt, args.max_new_tokens, args.plain)
-    if args.endpoint_name:
-        import boto3
-
-        runtime = boto3.client("sagemaker-runtime", region_name=args.region)
-        payloads = sagemaker_payloads(runtime, args.endpoint_name, body, content_type)
-    else:
-        payloads = http_payloads(args.url, body, content_type)
     try:
-        last = stream_text(payloads, sys.stdout)
+        last = stream_text(_payloads(args, body, content_type, runtime), sys.stdout)
     except StreamError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

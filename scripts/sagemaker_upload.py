@@ -1,12 +1,12 @@
-"""Upload a TorchServe model folder to S3 as uncompressed SageMaker model data.
+"""Upload a SageMaker model folder to S3 as uncompressed SageMaker model data.
 
-The folder is what `make archive` writes with `--archive-format no-archive`
-(model_store/<name>/ with MAR-INF/MANIFEST.json, the handler, model-config.yaml, and
-the checkpoint plus compiled Neuron artifacts when they are inside). SageMaker copies
-the S3 prefix file by file to /opt/ml/model (`S3DataType=S3Prefix`,
-`CompressionType=None`): no multi-GB tar.gz to pack or unpack.
+The folder is what `make sagemaker-archive` writes (build/sagemaker/model_store/<name>/:
+MAR-INF/MANIFEST.json, the handler, model-config.yaml, the checkpoint with its compiled
+Neuron artifacts, deps/cp310/ and sagemaker.properties). SageMaker copies the S3 prefix file by
+file to /opt/ml/model (`S3DataType=S3Prefix`, `CompressionType=None`): no multi-GB tar.gz
+to pack or unpack. A folder that would not start on the endpoint is refused before any upload.
 
-    python scripts/sagemaker_upload.py --model-dir model_store/llama --s3-uri s3://my-bucket/llama-inf2/
+    python scripts/sagemaker_upload.py --model-dir build/sagemaker/model_store/llama --s3-uri s3://my-bucket/llama-inf2/
 """
 
 from __future__ import annotations
@@ -16,25 +16,29 @@ import logging
 import sys
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.sagemaker_common import split_s3_uri
+from scripts.sagemaker_common import (
+    DLC_PYTHON_VERSION,
+    MODEL_CONFIG_NAME,
+    PROPERTIES_NAME,
+    Findings,
+    config_findings,
+    deps_subdir,
+    load_model_config,
+    split_s3_uri,
+)
 
 logger = logging.getLogger("sagemaker_upload")
 SKIP_DIRS = {"__pycache__", ".git"}
 SKIP_SUFFIXES = {".pyc"}
-SAGEMAKER_INVOCATION_LIMIT_S = 60
+BUILD_HINT = "build it with `make sagemaker-archive MODEL_DIR=...` (or `make sagemaker-upload`, which does)"
 
 
 def model_files(model_dir: Path) -> list[Path]:
     """Every file to upload, relative to model_dir, in a stable order."""
     if not (model_dir / "MAR-INF" / "MANIFEST.json").is_file():
-        raise SystemExit(
-            f"{model_dir} is not a TorchServe model folder (no MAR-INF/MANIFEST.json); "
-            "build it with `make archive` (no-archive format) first"
-        )
+        raise SystemExit(f"{model_dir} is not a TorchServe model folder (no MAR-INF/MANIFEST.json); {BUILD_HINT}")
     files = []
     for path in sorted(model_dir.rglob("*")):
         rel = path.relative_to(model_dir)
@@ -43,26 +47,36 @@ def model_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def check_timeouts(model_dir: Path) -> list[str]:
-    """Warnings for a model-config.yaml whose responseTimeout outlasts a SageMaker invocation."""
-    config = model_dir / "model-config.yaml"
+def check_model_folder(model_dir: Path) -> Findings:
+    """What would keep the folder from starting in the DLC: errors refuse the upload, warnings are logged."""
+    found = Findings()
+    if not (model_dir / PROPERTIES_NAME).is_file():
+        found.errors.append(f"{model_dir} has no {PROPERTIES_NAME} (the container's TorchServe config); {BUILD_HINT}")
+    deps = deps_subdir(DLC_PYTHON_VERSION)
+    if not any((model_dir / deps).glob("pydantic-*.dist-info")):
+        found.errors.append(
+            f"{model_dir} has no {deps}/ with pydantic (the handler's dependencies for the DLC's Python, bundled "
+            f"because nothing is pip-installed on the endpoint); {BUILD_HINT}"
+        )
+    config = model_dir / MODEL_CONFIG_NAME
     if not config.is_file():
-        return []
-    timeout = (yaml.safe_load(config.read_text()) or {}).get("responseTimeout")
-    if isinstance(timeout, int) and timeout > SAGEMAKER_INVOCATION_LIMIT_S:
-        return [
-            f"{config}: responseTimeout={timeout}s is above SageMaker's {SAGEMAKER_INVOCATION_LIMIT_S}s per "
-            "non-streaming invocation; a stuck worker would outlive the client's request"
-        ]
-    return []
+        found.errors.append(f"{model_dir} has no {MODEL_CONFIG_NAME}; {BUILD_HINT}")
+        return found
+    raw = load_model_config(config)
+    checkpoint = model_dir / str((raw.get("handler") or {}).get("model_checkpoint_dir", "model"))
+    found.extend(config_findings(raw, checkpoint, str(config)))
+    return found
 
 
 def upload(s3, model_dir: Path, s3_uri: str) -> str:
     """Upload model_dir under the prefix; returns the prefix URI (slash-terminated) for ModelDataSource."""
     bucket, prefix = split_s3_uri(s3_uri)
     files = model_files(model_dir)
-    for warning in check_timeouts(model_dir):
-        logger.warning(warning)
+    found = check_model_folder(model_dir)
+    for warning in found.warnings:
+        logger.warning("warning: %s", warning)
+    if found.errors:
+        raise SystemExit("\n".join(f"error: {error}" for error in found.errors))
     for rel in files:
         key = prefix + rel.as_posix()
         logger.info("upload %s -> s3://%s/%s", rel, bucket, key)
@@ -74,11 +88,15 @@ def upload(s3, model_dir: Path, s3_uri: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, required=True, help="model_store/<name> from `make archive`")
+    parser.add_argument("--model-dir", type=Path, required=True, help="the folder `make sagemaker-archive` built")
     parser.add_argument("--s3-uri", required=True, help="s3://bucket/prefix/ to upload under")
     parser.add_argument("--region", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        split_s3_uri(args.s3_uri)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     import boto3
 
     s3 = boto3.client("s3", region_name=args.region)

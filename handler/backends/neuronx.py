@@ -5,10 +5,13 @@ Start-up, in order (each step logged, with how long it took):
    environment: NEURON_RT_VISIBLE_CORES, NEURON_CC_FLAGS, the compile cache
    (handler/neuron/environment.py), all before transformers_neuronx is imported;
 2. `<ModelClass>.from_pretrained(checkpoint, batch_size=micro_batch_size, tp_degree, amp,
-   n_positions, context_length_estimate, neuron_config)`;
+   n_positions, context_length_estimate, neuron_config)`; NeuronConfig options this
+   left-padded static path cannot honour are refused first, and the SDK's own refusals
+   (asserts, ValueErrors) become a ConfigError naming the key (handler/neuron/options.py);
 3. if the saved artifacts' manifest matches (handler/neuron/artifacts.py): `load(dir)` then
    `to_neuron()`, no compile; else, under a host-wide lock, `to_neuron()` compiles and
-   `save(dir)` stores the NEFFs with a fresh manifest;
+   `save(dir)` stores the NEFFs with a fresh manifest. With `compile_on_start: false` a
+   mismatch fails the start instead, and nothing is written (read-only model directories);
 4. wrap the model in `HuggingFaceGenerationModelAdapter`, so `GenerateBackend` serves it
    with Hugging Face `generate`, exactly like the hf backend;
 5. `warmup()`: one generation per context bucket, so no user request pays a first run.
@@ -36,7 +39,7 @@ from handler.backends.base import RowSpec, clamp_n_positions
 from handler.backends.generate_backend import GenerateBackend
 from handler.backends.hf import eos_token_ids, load_tokenizer
 from handler.config import ConfigError, ServingConfig
-from handler.neuron import artifacts
+from handler.neuron import artifacts, options
 from handler.neuron.config import NeuronxConfig
 from handler.neuron.cores import CorePlacement, detect_cores, place
 from handler.neuron.environment import CacheLocation, configure_compiler, pin_cores
@@ -134,7 +137,7 @@ class NeuronxBackend(GenerateBackend):
             raise
 
     def _start(self, hf_config: Any) -> None:
-        self.cache = CacheLocation.resolve(self.settings.cache_dir, self.checkpoint)
+        self.cache = CacheLocation.resolve(self.settings.cache_dir, self.checkpoint, self.settings.compile_cache)
         logger.info("neuronx: compile cache: %s", configure_compiler(self.settings.compiler_flags, self.cache))
 
         self.tnx = importlib.import_module("transformers_neuronx")  # after the environment is set
@@ -168,19 +171,16 @@ class NeuronxBackend(GenerateBackend):
 
     def _neuron_config(self) -> Any | None:
         """NeuronConfig only when an option is configured; else the model's default."""
-        options: dict[str, Any] = dict(self.settings.neuron_config)
+        chosen: dict[str, Any] = dict(self.settings.neuron_config)
         if self.settings.group_query_attention:
-            options["group_query_attention"] = self.tnx.GQA(self.settings.group_query_attention)
+            chosen["group_query_attention"] = self.tnx.GQA(self.settings.group_query_attention)
         if self.settings.quantize_weights:
-            options["quant"] = self.tnx.QuantizationConfig(
+            chosen["quant"] = self.tnx.QuantizationConfig(
                 quant_dtype=self.settings.quantize_weights, dequant_dtype=self.amp
             )
-        if not options:
+        if not chosen:
             return None
-        try:
-            return self.tnx.NeuronConfig(**options)
-        except (AssertionError, TypeError, ValueError) as exc:
-            raise ConfigError(f"model-config.yaml: handler.neuronx: NeuronConfig refused {options}: {exc}") from None
+        return options.build(self.tnx.NeuronConfig, chosen)
 
     def manifest_inputs(self, hf_config: Any) -> dict[str, Any]:
         """Everything the compiled NEFFs depend on (the weights are loaded separately, so not them)."""
@@ -217,27 +217,48 @@ class NeuronxBackend(GenerateBackend):
             kwargs["neuron_config"] = self.neuron_config
         try:
             return self.model_cls.from_pretrained(str(self.checkpoint), **kwargs)
-        except KeyError as exc:
-            raise ConfigError(f"model-config.yaml: transformers-neuronx refused a setting: KeyError {exc}") from exc
+        except KeyError as exc:  # an amp it has no dtype for
+            key = "handler.amp" if exc.args[:1] == (self.amp,) else options.NEURON_CONFIG_KEY
+            raise ConfigError(f"model-config.yaml: {key}: transformers-neuronx refused it: KeyError {exc}") from exc
+        except (AssertionError, ValueError) as exc:  # its load-time sanity checks and constructor asserts
+            key = options.blame(str(exc), self._neuron_options(), kwargs)
+            raise ConfigError(
+                f"model-config.yaml: {key}: transformers-neuronx refused the model settings {self._described(kwargs)}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
-    def _load(self) -> Any | None:
-        """The saved artifacts on the cores, or None (logged) when they do not fit after all."""
+    def _neuron_options(self) -> list[str]:
+        """The NeuronConfig keywords this configuration passes (an error may name one of them)."""
+        chosen = list(self.settings.neuron_config)
+        if self.settings.group_query_attention:
+            chosen.append("group_query_attention")
+        if self.settings.quantize_weights:
+            chosen.append("quant")
+        return chosen
+
+    def _described(self, kwargs: dict[str, Any]) -> str:
+        shown = {k: v for k, v in kwargs.items() if k != "neuron_config"}
+        if self.settings.neuron_config:
+            shown["neuron_config"] = dict(self.settings.neuron_config)
+        return str(shown)
+
+    def _load(self) -> tuple[Any | None, str]:
+        """The saved artifacts on the cores; or None and why, when their NEFFs do not fit after all."""
         started = time.perf_counter()
         model = self._build()
         model.load(str(self.cache.artifacts_dir))
         try:
             model.to_neuron()
         except FileNotFoundError as exc:
-            logger.warning("neuronx: saved artifacts in %s do not fit (%s); recompiling", self.cache.artifacts_dir, exc)
             del model
             gc.collect()
-            return None
+            return None, str(exc)
         logger.info(
             "neuronx: path=load: precompiled artifacts from %s on the cores in %.1f s (no compile)",
             self.cache.artifacts_dir,
             time.perf_counter() - started,
         )
-        return model
+        return model, ""
 
     def _compile(self) -> Any:
         started = time.perf_counter()
@@ -268,26 +289,38 @@ class NeuronxBackend(GenerateBackend):
         folder = self.cache.artifacts_dir
         verdict = artifacts.check(folder, self.expected)
         failed: dict[str, Any] | None = None  # the manifest whose NEFFs would not load
+        reason, error = verdict.reason, ""
         if verdict.usable:
             logger.info("neuronx: %s in %s; loading", verdict.reason, folder)
-            model = self._load()
+            model, error = self._load()
             if model is not None:
                 return model, "load"
             failed = artifacts.read_manifest(folder)
-        else:
-            logger.info("neuronx: %s; compiling", verdict.reason)
+            reason = f"the manifest matches but the saved NEFFs do not fit ({error})"
         if not self.settings.compile_on_start:
-            raise ConfigError(
-                f"backend neuronx: no usable compiled artifacts ({verdict.reason}) and "
-                "handler.neuronx.compile_on_start is false; run `make compile` on an inf2 host or allow compiling"
-            )
+            raise ConfigError(self._refuse_to_compile(reason))
+        if failed is None:
+            logger.info("neuronx: %s; compiling", reason)
+        else:
+            logger.warning("neuronx: saved artifacts in %s do not fit (%s); recompiling", folder, error)
         with artifacts.compile_lock(folder):
             # another worker may have compiled while we waited for the lock
             if artifacts.check(folder, self.expected).usable and artifacts.read_manifest(folder) != failed:
-                model = self._load()
+                model, error = self._load()
                 if model is not None:
                     return model, "load"
+                logger.warning("neuronx: saved artifacts in %s do not fit (%s); recompiling", folder, error)
             return self._compile(), "compile"
+
+    def _refuse_to_compile(self, reason: str) -> str:
+        folder = self.cache.artifacts_dir
+        return (
+            f"backend neuronx: cannot use the compiled artifacts in {folder}: {reason}. "
+            "handler.neuronx.compile_on_start is false, so this worker does not compile (and writes nothing under "
+            f"{folder.parent}); run `make compile` with this model-config.yaml on an inf2 host with the same Neuron "
+            "SDK and ship the artifacts, or set compile_on_start: true (with handler.neuronx.compile_cache on a "
+            "writable path if the model directory is read-only)"
+        )
 
     # -- serving -------------------------------------------------------------------------
     def warmup(self) -> None:

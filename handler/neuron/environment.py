@@ -29,19 +29,24 @@ OPERATOR_FLAGS_ENV = "INF2_OPERATOR_NEURON_CC_FLAGS"
 
 @dataclass(frozen=True)
 class CacheLocation:
-    """Where compiled work lives: the saved artifacts (always a local folder) and the
-    Neuron persistent compile cache (a folder or an s3:// URL)."""
+    """Where compiled work lives: the saved artifacts (always a local folder, only read unless
+    this worker compiles) and the Neuron persistent compile cache (a folder or an s3:// URL)."""
 
     artifacts_dir: Path
     compile_cache_url: str
 
     @classmethod
-    def resolve(cls, cache_dir: str, checkpoint: Path) -> CacheLocation:
+    def resolve(cls, cache_dir: str, checkpoint: Path, compile_cache: str | None = None) -> CacheLocation:
+        """`compile_cache` (handler.neuronx.compile_cache), when given, moves only the compile cache,
+        e.g. off a read-only model directory; by default it is <cache_dir>/compile-cache."""
         if cache_dir.startswith("s3://"):
             # model.save()/load() need a local folder; S3 holds the persistent cache only
-            return cls(checkpoint / "neuron_cache" / "artifacts", cache_dir.rstrip("/") + "/compile-cache")
-        root = Path(cache_dir) if Path(cache_dir).is_absolute() else checkpoint / cache_dir
-        return cls(root / "artifacts", str(root / "compile-cache"))
+            artifacts_dir = checkpoint / "neuron_cache" / "artifacts"
+            default_cache = cache_dir.rstrip("/") + "/compile-cache"
+        else:
+            root = Path(cache_dir) if Path(cache_dir).is_absolute() else checkpoint / cache_dir
+            artifacts_dir, default_cache = root / "artifacts", str(root / "compile-cache")
+        return cls(artifacts_dir, compile_cache or default_cache)
 
 
 def compiler_flags(user_flags: str, extra: Sequence[str]) -> str:

@@ -1,9 +1,10 @@
 """Fixtures for the neuronx backend tests: the fake transformers-neuronx on sys.path, a
 private copy of the tiny checkpoint per test (artifacts are written next to it), and
-handlers driven through the TorchServe harness."""
+handlers driven through the TorchServe harness; `calls` reads the fake's call log."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -55,6 +56,18 @@ def checkpoint(tiny_model_dir: Path, tmp_path: Path) -> Path:
     target = tmp_path / "model"
     shutil.copytree(tiny_model_dir, target)
     return target
+
+
+def calls(call_log: Path, name: str) -> list[dict[str, Any]]:
+    """The fake's recorded `name` calls, in order. The fake writes an `import` line as soon as
+    it is imported, so a missing log means it never ran (or never saw FAKE_NEURONX_CALL_LOG):
+    that fails here, so `assert not calls(...)` cannot pass on a log nobody wrote."""
+    assert call_log.is_file(), (
+        f"the fake transformers-neuronx never wrote its call log {call_log}: it was not imported with "
+        "FAKE_NEURONX_CALL_LOG set, so an empty answer would prove nothing"
+    )
+    lines = call_log.read_text(encoding="utf-8").split("\n")[:-1]  # a line still being written has no newline
+    return [call for call in map(json.loads, filter(None, lines)) if call["call"] == name]
 
 
 def neuronx_yaml(checkpoint: Path, workers: int = 1, micro_batch_size: int = 2, **handler: Any) -> dict[str, Any]:

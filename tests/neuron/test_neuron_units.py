@@ -33,6 +33,23 @@ def test_cache_location_default_shared_and_s3(tmp_path):
     assert s3.artifacts_dir == tmp_path / "model/neuron_cache/artifacts"
 
 
+def test_compile_cache_key_overrides_only_the_compile_cache(tmp_path):
+    local = CacheLocation.resolve("neuron_cache", tmp_path / "model", "/tmp/neuron-compile-cache")
+    assert local.artifacts_dir == tmp_path / "model/neuron_cache/artifacts"
+    assert local.compile_cache_url == "/tmp/neuron-compile-cache"
+    s3 = CacheLocation.resolve("/mnt/efs/llama", tmp_path / "model", "s3://bucket/cache")
+    assert (s3.artifacts_dir, s3.compile_cache_url) == (Path("/mnt/efs/llama/artifacts"), "s3://bucket/cache")
+    both_s3 = CacheLocation.resolve("s3://bucket/llama", tmp_path / "model", "/var/cache/neuron")
+    assert both_s3.compile_cache_url == "/var/cache/neuron"
+
+
+@pytest.mark.parametrize("value", ["compile-cache", "./cache", "~/cache"])
+def test_compile_cache_must_be_absolute_or_s3(value):
+    raw = {"handler": {"model_checkpoint_dir": "m", "neuronx": {"compile_cache": value}}}
+    with pytest.raises(ConfigError, match=r"handler\.neuronx\.compile_cache: .*absolute local path .* or an s3:// URL"):
+        ServingConfig.from_model_yaml(raw)
+
+
 def test_configure_compiler_respects_a_location_the_operator_chose(caplog):
     cache = CacheLocation(Path("/m/artifacts"), "/m/compile-cache")
     env = {"NEURONX_CACHE": "on"}
@@ -107,3 +124,15 @@ def test_extra_flags_of_one_configuration_do_not_leak_into_the_next():
     configure_compiler(["--enable-saturate-infinity"], cache, env)
     configure_compiler([], cache, env)
     assert env["NEURON_CC_FLAGS"] == "-O2 --model-type=transformer"
+
+
+def test_call_log_checks_fail_on_a_log_nobody_wrote(fake_neuronx, tmp_path):
+    """`assert not calls(...)` must not pass because the fake never ran: a missing log fails,
+    and importing the fake is enough to create it."""
+    from tests.neuron.conftest import calls
+
+    with pytest.raises(AssertionError, match="never wrote its call log"):
+        calls(fake_neuronx, "to_neuron")
+    import transformers_neuronx  # noqa: F401
+
+    assert calls(fake_neuronx, "to_neuron") == [] and len(calls(fake_neuronx, "import")) == 1

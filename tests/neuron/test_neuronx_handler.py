@@ -6,21 +6,16 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 import pytest
 
 from handler.config import ConfigError
-from tests.neuron.conftest import neuronx_yaml
+from tests.neuron.conftest import calls, neuronx_yaml
 from tests.torchserve_harness import run_batch
 
 pytestmark = pytest.mark.usefixtures("fake_neuronx")
-
-
-def calls(call_log: Path, name: str) -> list[dict]:
-    from transformers_neuronx import _calllog
-
-    return [c for c in _calllog.read(call_log) if c["call"] == name]
 
 
 def artifacts_of(checkpoint: Path) -> Path:
@@ -161,7 +156,7 @@ def test_more_workers_than_cores_is_refused_with_what_fits(fake_neuronx, checkpo
     message = str(info.value)
     assert "3 worker(s) x tp_degree 2 need 6 NeuronCores but 4 are available" in message
     assert "at most 2 worker(s) at tp_degree 2" in message and "tp_degree <= 1 for 3 workers" in message
-    assert not calls(fake_neuronx, "from_pretrained")
+    assert "transformers_neuronx" not in sys.modules  # refused before the SDK was even imported
 
 
 def test_gpu_id_beyond_the_cores_is_refused(fake_neuronx, checkpoint, start_handler):

@@ -1,6 +1,9 @@
 """A real torchserve with the fake transformers-neuronx on the workers' PYTHONPATH: two
 workers on one host compile once between them, pin disjoint NeuronCores (TorchServe's
-gpu_id), stream over HTTP, and a restart loads the saved artifacts without compiling."""
+gpu_id), stream over HTTP, and a restart loads the saved artifacts without compiling.
+
+Works with TorchServe 0.12 (token authorization, keys in key_file.json) and 0.11 (no
+token authorization: no key file, and the harness's `server.headers` is empty)."""
 
 from __future__ import annotations
 
@@ -13,16 +16,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.neuron.conftest import FAKES, neuronx_yaml
+from tests.neuron.conftest import FAKES, calls, neuronx_yaml
 from tests.torchserve_process import TorchServe, copy_logs_on_failure, free_port, start_torchserve
 
 pytestmark = pytest.mark.e2e
 
+HOLD_AT_STEP = 8  # the decode step at which the fake waits while the hold file exists (see _hold.py)
 
-def read_calls(path: Path, name: str) -> list[dict]:
-    if not path.exists():
-        return []
-    return [c for c in map(json.loads, path.read_text().splitlines()) if c["call"] == name]
+
+def hold_file(call_log: Path) -> Path:
+    """While this file exists, the workers' fake model waits at decode step HOLD_AT_STEP."""
+    return call_log.with_name("hold-generation")
 
 
 def serve(workdir: Path, checkpoint: Path, call_log: Path) -> TorchServe:
@@ -31,6 +35,8 @@ def serve(workdir: Path, checkpoint: Path, call_log: Path) -> TorchServe:
     env = {
         "PYTHONPATH": str(FAKES),
         "FAKE_NEURONX_CALL_LOG": str(call_log),
+        "FAKE_NEURONX_HOLD_FILE": str(hold_file(call_log)),
+        "FAKE_NEURONX_HOLD_AT_STEP": str(HOLD_AT_STEP),
         "INF2_NEURON_CORE_LOCK_DIR": str(workdir / "core-locks"),
         # TorchServe 0.12 hands out gpu_id only up to min(number_of_gpu, GPUs it can count), and it
         # counts CUDA_VISIBLE_DEVICES entries; on inf2 that is how workers get distinct ordinals.
@@ -58,14 +64,20 @@ def serve(workdir: Path, checkpoint: Path, call_log: Path) -> TorchServe:
     return server
 
 
+def management_headers(server: TorchServe) -> dict[str, str]:
+    """The management API's key. TorchServe 0.11 has no token authorization: it writes no
+    key_file.json and its management API takes no key, so no header then."""
+    return server.management_headers
+
+
 def wait_for_workers(server: TorchServe, count: int, timeout: float = 90) -> None:
     """start_torchserve returns once one worker answers; wait until `count` are READY (management API)."""
-    key = json.loads((server.workdir / "key_file.json").read_text())["management"]["key"]
+    headers = management_headers(server)
     url = f"http://127.0.0.1:{server.management_port}/models/{server.model_name}"
     deadline = time.monotonic() + timeout
     workers: list = []
     while time.monotonic() < deadline:
-        response = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        response = httpx.get(url, headers=headers, timeout=10)
         workers = response.json()[0]["workers"] if response.status_code == 200 else []
         if sum(w["status"] == "READY" for w in workers) >= count:
             return
@@ -87,24 +99,53 @@ def deployment(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         copy_logs_on_failure(server, root / "first-logs")
 
 
+def wait_for_call(call_log: Path, name: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not calls(call_log, name):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the fake recorded no {name!r} call within {timeout} s")
+        time.sleep(0.05)
+
+
 def test_two_workers_compile_once_and_pin_disjoint_cores(deployment):
     _, call_log = deployment
-    started = read_calls(call_log, "to_neuron")
+    started = calls(call_log, "to_neuron")
     assert sorted(c["mode"] for c in started) == ["compile", "load"]  # the second waited for the first's artifacts
     assert sorted(c["visible_cores"] for c in started) == ["0", "1"]
     assert len({c["pid"] for c in started}) == 2
     assert all("--model-type=transformer" in c["cc_flags"] for c in started)
 
 
-def test_request_streams_end_to_end(deployment):
-    server, _ = deployment
+def test_request_streams_end_to_end_while_generating(deployment):
+    """The first chunk reaches the client while generation cannot have ended: the worker's
+    model is held at decode step HOLD_AT_STEP until the client has it. A server that buffered
+    the response would send nothing until the hold times out, and its first chunk would come
+    after the fake recorded the release (asserted below)."""
+    server, call_log = deployment
+    hold = hold_file(call_log)
     body = {"prompt": "Once upon a time", "max_new_tokens": 24, "ignore_eos": True}
-    with httpx.stream("POST", server.predictions_url, json=body, headers=server.headers, timeout=60) as response:
-        chunks = [chunk.decode() for chunk in response.iter_raw()]
-        assert response.status_code == 200
-        assert response.headers["content-type"] == "application/x-ndjson"
-    lines = [json.loads(line) for line in "".join(chunks).splitlines() if line]
-    assert len(chunks) > 2
+    arrivals: list[tuple[float, str]] = []  # (perf_counter when the client got it, chunk)
+    hold.touch()
+    try:
+        with httpx.stream("POST", server.predictions_url, json=body, headers=server.headers, timeout=60) as response:
+            chunks = response.iter_raw()
+            arrivals.append((time.perf_counter(), next(chunks).decode()))
+            released_at_first_chunk = calls(call_log, "release")
+            wait_for_call(call_log, "hold")  # generation reached the held step: no chunk after it yet
+            hold.unlink()
+            released = time.perf_counter()
+            arrivals += [(time.perf_counter(), chunk.decode()) for chunk in chunks]
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "application/x-ndjson"
+    finally:
+        hold.unlink(missing_ok=True)
+    timeline = [(round(t - arrivals[0][0], 3), text) for t, text in arrivals]
+    assert not released_at_first_chunk, f"the first chunk came only after generation was released: {timeline}"
+    [held] = calls(call_log, "release")
+    assert held["step"] == HOLD_AT_STEP and not held["timed_out"]  # the hold happened, and it was this test's
+    assert any(t > released for t, _ in arrivals[1:]), f"nothing arrived after the release: {timeline}"
+    lines = [json.loads(line) for line in "".join(text for _, text in arrivals).splitlines() if line]
+    assert len(arrivals) > 2
     assert lines[-1]["finish_reason"] == "length" and lines[-1]["usage"]["completion_tokens"] == 24
 
 
@@ -119,13 +160,13 @@ def test_prompt_longer_than_n_positions_gets_400(deployment):
 def test_restart_loads_saved_artifacts_without_compiling(deployment, tmp_path):
     server, call_log = deployment
     server.stop()
-    compiled_before = len([c for c in read_calls(call_log, "to_neuron") if c["mode"] == "compile"])
-    checkpoint = Path(json.loads(call_log.read_text().splitlines()[0])["path"])
+    compiled_before = len([c for c in calls(call_log, "to_neuron") if c["mode"] == "compile"])
+    checkpoint = Path(calls(call_log, "from_pretrained")[0]["path"])
     second = serve(tmp_path / "second", checkpoint, call_log)
     try:
-        restarted = read_calls(call_log, "to_neuron")[2:]
+        restarted = calls(call_log, "to_neuron")[2:]
         assert [c["mode"] for c in restarted] == ["load", "load"]
-        assert len([c for c in read_calls(call_log, "to_neuron") if c["mode"] == "compile"]) == compiled_before == 1
+        assert len([c for c in calls(call_log, "to_neuron") if c["mode"] == "compile"]) == compiled_before == 1
         response = httpx.post(
             second.predictions_url, json={"prompt": "Hello", "stream": False}, headers=second.headers, timeout=60
         )

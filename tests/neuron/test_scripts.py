@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from tests.neuron.conftest import neuronx_yaml
+from tests.neuron.conftest import calls, neuronx_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("fake_neuronx")
@@ -56,7 +55,7 @@ def test_split_checkpoint_for_older_releases(tiny_model_dir, tmp_path, fake_neur
     target = tmp_path / "split"
     script("prepare_checkpoint").main([str(tiny_model_dir), str(target), "--format", "split"])
     assert (target / "pytorch_model.bin" / "key_to_filename.json").is_file()
-    assert json.loads((fake_neuronx).read_text().splitlines()[0])["call"] == "save_pretrained_split"
+    assert [c["directory"] for c in calls(fake_neuronx, "save_pretrained_split")] == [str(target)]
     assert torch.allclose(logits_of(target), logits_of(tiny_model_dir), atol=1e-5)
 
 
@@ -69,5 +68,4 @@ def test_compile_script_precompiles_so_the_server_only_loads(checkpoint, tmp_pat
     assert script("compile").main(["--model-dir", str(checkpoint), "--config", str(config), "--no-warmup"]) == "load"
 
     start_handler(model_yaml)
-    modes = [c["mode"] for c in map(json.loads, fake_neuronx.read_text().splitlines()) if c["call"] == "to_neuron"]
-    assert modes == ["compile", "load", "load"]
+    assert [c["mode"] for c in calls(fake_neuronx, "to_neuron")] == ["compile", "load", "load"]

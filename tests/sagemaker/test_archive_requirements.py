@@ -1,4 +1,5 @@
-"""requirements-archive.txt: what the PyTorch Neuron DLC lacks, and nothing it has."""
+"""requirements-archive.txt: what the PyTorch Neuron DLC lacks, and nothing it has
+(`make sagemaker-archive` bundles it into the archive's deps/)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ DLC_PROVIDED = {
     "numpy": "a torch dependency",
 }
 NEVER = {"torch", "torch-neuronx", "transformers-neuronx", "torchserve", "torch-model-archiver", "neuronx-cc"}
-IMPORT_NAMES = {"pydantic": "pydantic"}  # distribution -> import name where they differ
+# distribution -> the import names it brings (pydantic pins pydantic-core exactly; pip bundles both)
+IMPORT_NAMES = {"pydantic": {"pydantic", "pydantic_core"}}
 
 
 def requirements() -> list[Requirement]:
@@ -46,11 +48,19 @@ def test_never_lists_what_the_dlc_builds_for_its_sdk():
 
 
 def test_every_handler_import_is_in_the_dlc_or_the_archive_requirements():
-    listed = {IMPORT_NAMES.get(r.name.lower(), r.name.lower().replace("-", "_")) for r in requirements()}
+    names = [r.name.lower() for r in requirements()]
+    listed = set().union(*(IMPORT_NAMES.get(name, {name.replace("-", "_")}) for name in names))
     missing = third_party_imports() - set(DLC_PROVIDED) - listed
     assert not missing, f"add to requirements-archive.txt (or DLC_PROVIDED if the DLC has it): {sorted(missing)}"
 
 
-def test_pydantic_2_is_required():
+def test_pydantic_2_is_pinned_as_the_tests_run_it():
+    """The bundle (deps/) is built from these lines: exact pins, the versions requirements.txt tests."""
     (pydantic,) = [r for r in requirements() if r.name == "pydantic"]
-    assert "2.5" in pydantic.specifier and "1.10" not in pydantic.specifier
+    assert str(pydantic.specifier).startswith("==2.")
+    tested = [line.strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    assert f"pydantic{pydantic.specifier}" in tested
+
+
+def test_every_line_is_an_exact_pin():
+    assert all(str(r.specifier).startswith("==") and "*" not in str(r.specifier) for r in requirements())

@@ -1,19 +1,33 @@
-"""The SageMaker container contract against a real torchserve configured as the DLC runs
-it (the toolkit's config file + the TS_* environment scripts/sagemaker_deploy.py sends):
-/ping and /invocations without a token, bodies handed over as bytes, model API off."""
+"""The SageMaker container contract against a real torchserve started as the DLC's toolkit
+starts it (its own config file, `--models model=<folder>`), with the environment
+scripts/sagemaker_deploy.py sends (TS_CONFIG_FILE -> the archive's sagemaker.properties):
+/ping and /invocations without a token, bodies handed over as bytes, streamed NDJSON that
+arrives while the model generates, no model registration over HTTP."""
 
 from __future__ import annotations
 
 import io
 import json
+import time
+from importlib.metadata import version
 
 import httpx
 import pytest
+from packaging.version import Version
 
+from scripts.sagemaker_common import PROPERTIES_NAME
 from scripts.sagemaker_stream import http_payloads, request_body, stream_text
 from tests.openai.sse import DONE, events
 
 pytestmark = pytest.mark.e2e
+TORCHSERVE = Version(version("torchserve"))
+STREAM_TOKENS = 200  # enough steps that generating them outlasts a network read
+
+
+def test_torchserve_reads_the_archive_properties_not_the_toolkit_file(container):
+    log = container.log_text("ts_log.log")
+    assert f"Config file: {container.workdir / PROPERTIES_NAME}" in log
+    assert "Allowed Urls: [file:///opt/ml/model/.*]" in log
 
 
 def test_ping_needs_no_token(container):
@@ -34,6 +48,37 @@ def test_invocations_plain_bytes_body_streams_ndjson(container, query, content_t
     lines = [json.loads(line) for line in response.text.splitlines() if line]
     assert lines[-1]["finish_reason"] in {"eos", "length"}
     assert lines[-1]["usage"]["completion_tokens"] >= 1
+
+
+def _timed_reads(url: str, body: dict) -> list[tuple[float, bytes]]:
+    """Each network read of the streamed response with the moment it arrived."""
+    payload, content_type = request_body(body["prompt"], body["max_new_tokens"], plain=False)
+    payload = json.dumps({**json.loads(payload), **body}).encode()
+    return [(time.perf_counter(), chunk) for chunk in http_payloads(url, payload, content_type)]
+
+
+def _read_holding(reads: list[tuple[float, bytes]], needle: bytes) -> int:
+    """Index of the read in which `needle` was complete."""
+    received = b""
+    for index, (_, chunk) in enumerate(reads):
+        received += chunk
+        if needle in received:
+            return index
+    raise AssertionError(f"{needle!r} never arrived")
+
+
+def test_invocations_stream_lines_while_generating(container):
+    """The first line reaches the client in an earlier network read than the last line, which
+    the server writes only when generation has ended: the text is streamed, not buffered."""
+    body = {"prompt": "Once upon a time", "max_new_tokens": STREAM_TOKENS, "ignore_eos": True, "temperature": 0}
+    reads = _timed_reads(container.url, body)
+    lines = b"".join(chunk for _, chunk in reads).splitlines()
+    final = json.loads(lines[-1])
+    assert final["finish_reason"] == "length" and final["usage"]["completion_tokens"] == STREAM_TOKENS
+    first_read = _read_holding(reads, lines[0] + b"\n")
+    final_read = _read_holding(reads, lines[-1])
+    assert first_read < final_read, f"all {len(lines)} lines came in read {final_read}: buffered, not streamed"
+    assert reads[first_read][0] < reads[final_read][0]
 
 
 def test_invocations_stream_choice(container):
@@ -57,6 +102,19 @@ def test_invocations_bad_body_is_a_400(container):
     assert response.json()["error"]["param"] == "body"
 
 
+def test_openai_body_on_invocations_streams_sse(container):
+    """What a SageMaker client can send: /invocations only, the body's shape picks the OpenAI answer."""
+    body = {"model": "model", "prompt": "Today", "max_tokens": 6, "stream": True, "ignore_eos": True}
+    response = httpx.post(f"{container.url}/invocations", json=body, timeout=60)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    parsed = events(response.text)
+    assert parsed[-1] == DONE and parsed[-2]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.skipif(
+    TORCHSERVE < Version("0.12"), reason="TorchServe 0.11 passes no url_path: only the body's shape picks the route"
+)
 def test_openai_route_serves_undecoded_bodies(container):
     body = {"prompt": "Today", "max_tokens": 6, "stream": True, "ignore_eos": True}
     url = f"{container.predictions_url}/1.0/v1/completions"
@@ -66,6 +124,15 @@ def test_openai_route_serves_undecoded_bodies(container):
     assert parsed[-1] == DONE and parsed[-2]["choices"][0]["finish_reason"] == "length"
 
 
-def test_model_api_stays_off(container):
-    response = httpx.post(f"http://127.0.0.1:{container.management_port}/models?url=anything.mar", timeout=10)
-    assert response.status_code == 405
+@pytest.mark.parametrize("archive_url", ["https://example.com/models/evil.mar", "file:///tmp/evil.mar"])
+def test_model_registration_over_http_is_refused(container, archive_url):
+    """0.12+: the model API is off (enable_model_api=false), so 405 before anything else.
+    0.11 has no such switch (the API answers); allowed_urls, narrowed to the model folder,
+    refuses the URL before any download: 404 with TorchServe's allowed-URL message."""
+    url = f"http://127.0.0.1:{container.management_port}/models"
+    response = httpx.post(url, params={"url": archive_url}, timeout=30)
+    if TORCHSERVE >= Version("0.12"):
+        assert response.status_code == 405, response.text
+    else:
+        assert response.status_code == 404, response.text
+        assert f"Given URL {archive_url} does not match any allowed URL(s)" in response.json()["message"]

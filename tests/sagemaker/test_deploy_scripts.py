@@ -3,20 +3,25 @@ sends are recorded from botocore and checked, and moto's state is read back."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+from botocore.response import StreamingBody
+from botocore.stub import Stubber
 from moto import mock_aws
 from moto.sagemaker.models import FakeEndpointConfig
 
 from scripts import sagemaker_deploy, sagemaker_upload
-from scripts.sagemaker_common import container_environment, read_properties, split_s3_uri
+from scripts.sagemaker_common import split_s3_uri
 from scripts.sagemaker_delete import delete
-from scripts.sagemaker_deploy import Autoscaling, Deployment, deploy
+from scripts.sagemaker_deploy import Autoscaling, Clients, Deployment, Probe, deploy
 
 REGION = "us-west-2"
 ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"
@@ -71,19 +76,28 @@ def recorder() -> Recorder:
     return Recorder()
 
 
+SAGEMAKER_CONFIG = (
+    "responseTimeout: 1200\nstartupTimeout: 1200\n"
+    "handler:\n  model_checkpoint_dir: model\n  backend: neuronx\n  neuronx:\n    compile_on_start: false\n"
+)
+
+
 @pytest.fixture
 def model_folder(tmp_path: Path) -> Path:
-    """What `make archive` writes (no-archive): manifest, handler, config, weights, compiled artifacts."""
+    """What `make sagemaker-archive` writes: manifest, handler, config, weights, artifacts, deps, properties."""
     root = tmp_path / "llama"
     for rel, content in {
         "MAR-INF/MANIFEST.json": '{"model": {"modelName": "llama"}}',
         "inf2_handler.py": "# handler",
         "handler/service.py": "# service",
         "handler/__pycache__/service.cpython-311.pyc": "skip me",
-        "model-config.yaml": "responseTimeout: 120\nhandler:\n  model_checkpoint_dir: model\n",
+        "model-config.yaml": SAGEMAKER_CONFIG,
         "model/model.safetensors": "weights",
-        "model/neuron_artifacts/graph.neff": "compiled",
-        "requirements.txt": "pydantic>=2.5,<3\n",
+        "model/neuron_cache/artifacts/manifest.json": "{}",
+        "model/neuron_cache/artifacts/graph.neff": "compiled",
+        "deps/cp310/pydantic-2.14.4.dist-info/METADATA": "Name: pydantic",
+        "deps/cp310/pydantic/__init__.py": "",
+        "sagemaker.properties": "allowed_urls=file:///opt/ml/model/.*\n",
     }.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,31 +105,57 @@ def model_folder(tmp_path: Path) -> Path:
     return root
 
 
+def make_bucket(s3: Any) -> None:
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+
+
 def test_upload_sends_every_file_under_the_prefix(aws, recorder, model_folder, caplog):
     s3 = recorder.attach(boto3.client("s3", region_name=REGION))
-    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    make_bucket(s3)
     uri = sagemaker_upload.upload(s3, model_folder, f"s3://{BUCKET}/llama-inf2")
     assert uri == f"s3://{BUCKET}/llama-inf2/"
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"])
     assert keys == [
         "llama-inf2/MAR-INF/MANIFEST.json",
+        "llama-inf2/deps/cp310/pydantic-2.14.4.dist-info/METADATA",
+        "llama-inf2/deps/cp310/pydantic/__init__.py",
         "llama-inf2/handler/service.py",
         "llama-inf2/inf2_handler.py",
         "llama-inf2/model-config.yaml",
         "llama-inf2/model/model.safetensors",
-        "llama-inf2/model/neuron_artifacts/graph.neff",
-        "llama-inf2/requirements.txt",
+        "llama-inf2/model/neuron_cache/artifacts/graph.neff",
+        "llama-inf2/model/neuron_cache/artifacts/manifest.json",
+        "llama-inf2/sagemaker.properties",
     ]
-    neff = s3.get_object(Bucket=BUCKET, Key="llama-inf2/model/neuron_artifacts/graph.neff")["Body"].read()
+    neff = s3.get_object(Bucket=BUCKET, Key="llama-inf2/model/neuron_cache/artifacts/graph.neff")["Body"].read()
     assert neff == b"compiled"
     assert {p["Key"] for p in recorder.params("PutObject")} == set(keys)
-    assert "responseTimeout=120s is above SageMaker's 60s" in caplog.text
+    assert "warning" not in caplog.text  # a load-safe responseTimeout above 60 s is right for the DLC
 
 
 def test_upload_refuses_a_folder_that_is_not_a_torchserve_model(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(SystemExit, match=r"MAR-INF/MANIFEST\.json"):
         sagemaker_upload.model_files(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("remove", "message"),
+    [
+        ("sagemaker.properties", "no sagemaker.properties"),
+        ("deps/cp310", "no deps/cp310/ with pydantic"),
+        ("model/neuron_cache", "no compiled Neuron artifacts"),
+    ],
+)
+def test_upload_refuses_a_folder_the_endpoint_could_not_start_before_sending_anything(
+    aws, recorder, model_folder, remove, message
+):
+    shutil.rmtree(model_folder / remove) if (model_folder / remove).is_dir() else (model_folder / remove).unlink()
+    s3 = recorder.attach(boto3.client("s3", region_name=REGION))
+    make_bucket(s3)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        sagemaker_upload.upload(s3, model_folder, f"s3://{BUCKET}/llama-inf2/")
+    assert recorder.params("PutObject") == []
 
 
 def deployment(**overrides: Any) -> Deployment:
@@ -136,7 +176,7 @@ def deployment(**overrides: Any) -> Deployment:
 
 def test_deploy_sends_the_seed_knobs(aws, recorder):
     sm = recorder.attach(boto3.client("sagemaker", region_name=REGION))
-    arn = deploy(sm, deployment())
+    arn = deploy(Clients(sm), deployment())
     assert arn.endswith(":endpoint/llama-inf2-test")
     assert recorder.operations() == ["CreateModel", "CreateEndpointConfig", "CreateEndpoint"]
 
@@ -144,18 +184,15 @@ def test_deploy_sends_the_seed_knobs(aws, recorder):
     assert model["ModelName"] == "llama-inf2-test" and model["ExecutionRoleArn"] == ROLE
     container = model["PrimaryContainer"]
     assert container["Image"] == (
-        f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-inference-neuronx:{sagemaker_deploy.DEFAULT_DLC_TAG}"
+        f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-inference-neuronx:"
+        "2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"
     )
     assert container["ModelDataSource"] == {
         "S3DataSource": {"S3Uri": f"s3://{BUCKET}/llama-inf2/", "S3DataType": "S3Prefix", "CompressionType": "None"}
     }
     assert "ModelDataUrl" not in container  # uncompressed data goes through ModelDataSource only
-    env = container["Environment"]
-    assert env["TS_DISABLE_TOKEN_AUTHORIZATION"] == "true"
-    assert env["TS_ENABLE_MODEL_API"] == "false"
-    assert env["TS_INSTALL_PY_DEP_PER_MODEL"] == "true"
-    assert int(env["TS_DEFAULT_RESPONSE_TIMEOUT"]) <= 60
-    assert env["HF_HUB_OFFLINE"] == "1"
+    # torchserve reads the archive's sagemaker.properties instead of the toolkit's file
+    assert container["Environment"] == {"TS_CONFIG_FILE": "/opt/ml/model/sagemaker.properties", "HF_HUB_OFFLINE": "1"}
 
     (config,) = recorder.params("CreateEndpointConfig")
     assert config["EndpointConfigName"] == "llama-inf2-test"
@@ -180,13 +217,38 @@ def test_deploy_sends_the_seed_knobs(aws, recorder):
     assert sm.describe_model(ModelName="llama-inf2-test")["ExecutionRoleArn"] == ROLE
 
 
+def test_an_endpoint_without_internet_access(aws, recorder):
+    """Network isolation and a VPC without NAT: nothing in the container needs the network."""
+    args = sagemaker_deploy.parse_args(
+        ["--model-data", f"s3://{BUCKET}/llama-inf2/", "--role-arn", ROLE, "--endpoint-name", "llama-inf2-test"]
+        + ["--network-isolation", "--subnet", "subnet-0a", "--subnet", "subnet-0b", "--security-group", "sg-01"]
+    )
+    sm = recorder.attach(boto3.client("sagemaker", region_name=REGION))
+    deploy(Clients(sm), sagemaker_deploy.deployment_from_args(args, REGION))
+    (model,) = recorder.params("CreateModel")
+    assert model["EnableNetworkIsolation"] is True
+    assert model["VpcConfig"] == {"Subnets": ["subnet-0a", "subnet-0b"], "SecurityGroupIds": ["sg-01"]}
+
+
+def test_a_default_endpoint_leaves_network_settings_to_sagemaker(aws, recorder):
+    sm = recorder.attach(boto3.client("sagemaker", region_name=REGION))
+    deploy(Clients(sm), deployment())
+    (model,) = recorder.params("CreateModel")
+    assert "EnableNetworkIsolation" not in model and "VpcConfig" not in model
+
+
 def test_deploy_with_autoscaling_then_delete_everything(aws, recorder):
     sm = recorder.attach(boto3.client("sagemaker", region_name=REGION))
     scaling = recorder.attach(boto3.client("application-autoscaling", region_name=REGION))
-    sm.get_waiter = lambda name: _NoWait(name, recorder)  # moto endpoints are InService at once
-    deploy(sm, deployment(autoscaling=Autoscaling(2, 6, 80.0)), scaling)
+    deploy(Clients(sm, autoscaling=scaling), deployment(autoscaling=Autoscaling(2, 6, 80.0)))
 
-    assert recorder.operations()[-3:] == ["wait:endpoint_in_service", "RegisterScalableTarget", "PutScalingPolicy"]
+    # the real waiter: moto's endpoints are InService at once
+    assert recorder.operations()[-4:] == [
+        "CreateEndpoint",
+        "DescribeEndpoint",
+        "RegisterScalableTarget",
+        "PutScalingPolicy",
+    ]
     (target,) = recorder.params("RegisterScalableTarget")
     assert target == {
         "ServiceNamespace": "sagemaker",
@@ -227,15 +289,6 @@ def test_delete_cleans_a_half_finished_deploy(aws):
     assert delete(sm, "llama-inf2-test") == ["model:llama-inf2-test"]
 
 
-class _NoWait:
-    def __init__(self, name: str, recorder: Recorder) -> None:
-        self.name, self.recorder = name, recorder
-
-    def wait(self, **params: Any) -> None:
-        assert params["EndpointName"] == "llama-inf2-test"
-        self.recorder.calls.append((f"wait:{self.name}", params))
-
-
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -247,6 +300,7 @@ class _NoWait:
         ({"model_data": "https://bucket/x"}, "s3://"),
         ({"instance_count": 0}, "instance count"),
         ({"autoscaling": Autoscaling(3, 4, 10.0)}, "above the initial instance count"),
+        ({"subnets": ("subnet-0a",)}, "needs both --subnet and --security-group"),
     ],
 )
 def test_bad_deployments_fail_before_any_call(overrides, message):
@@ -271,23 +325,165 @@ def test_cli_arguments_become_the_deployment():
     d = sagemaker_deploy.deployment_from_args(args, "eu-west-1")
     assert d.image_uri.startswith("763104351884.dkr.ecr.eu-west-1.amazonaws.com/pytorch-inference-neuronx:")
     assert (d.instance_type, d.volume_size_gb, d.autoscaling) == ("ml.inf2.48xlarge", 256, Autoscaling(1, 3, 30.0))
-    assert d.environment["EXTRA"] == "1" and d.environment["TS_ENABLE_MODEL_API"] == "false"
+    assert d.environment["EXTRA"] == "1" and d.environment["TS_CONFIG_FILE"] == "/opt/ml/model/sagemaker.properties"
 
 
-def test_container_environment_leaves_ports_and_model_loading_to_the_toolkit():
-    env = container_environment()
-    assert set(env) == {
-        "TS_DISABLE_TOKEN_AUTHORIZATION",
-        "TS_ENABLE_MODEL_API",
-        "TS_DEFAULT_RESPONSE_TIMEOUT",
-        "TS_DECODE_INPUT_REQUEST",
-        "TS_INSTALL_PY_DEP_PER_MODEL",
-        "HF_HUB_OFFLINE",
-    }
-    props = {p.key: p.value for p in read_properties()}
-    assert props["inference_address"] == "http://0.0.0.0:8080"
-    assert props["disable_token_authorization"] == "true" and props["enable_model_api"] == "false"
-    assert int(props["default_response_timeout"]) < 60
+@pytest.mark.parametrize(
+    ("region", "registry"),
+    [
+        ("us-west-2", "763104351884.dkr.ecr.us-west-2.amazonaws.com"),
+        ("ap-east-2", "975050140332.dkr.ecr.ap-east-2.amazonaws.com"),
+        ("eu-south-2", "503227376785.dkr.ecr.eu-south-2.amazonaws.com"),
+        ("cn-north-1", "727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn"),
+    ],
+)
+def test_default_image_is_the_sdk_2_25_dlc_from_the_regions_registry(region, registry):
+    assert sagemaker_deploy.dlc_image_uri(region) == (
+        f"{registry}/pytorch-inference-neuronx:2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"
+    )
+
+
+def test_a_region_without_a_documented_registry_asks_for_image_uri():
+    args = sagemaker_deploy.parse_args(["--model-data", "s3://bkt/p", "--role-arn", ROLE])
+    with pytest.raises(
+        ValueError, match=r"no Deep Learning Containers registry for region 'xx-nowhere-1'.*--image-uri"
+    ):
+        sagemaker_deploy.deployment_from_args(args, "xx-nowhere-1")
+    args = sagemaker_deploy.parse_args(["--model-data", "s3://bkt/p", "--role-arn", ROLE, "--image-uri", "my/image:1"])
+    assert sagemaker_deploy.deployment_from_args(args, "xx-nowhere-1").image_uri == "my/image:1"
+
+
+class FakeTime:
+    """The probe's clock and sleep: sleeping advances the clock; nothing really waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def probe(self, timeout_s: float = 1800.0) -> Probe:
+        return Probe(timeout_s=timeout_s, interval_s=15.0, clock=self.clock, sleep=self.sleep)
+
+
+PROBE_PARAMS = {
+    "EndpointName": "llama-inf2-test",
+    "ContentType": "application/json",
+    "Accept": "application/json",
+    "Body": '{"prompt": "ping", "max_new_tokens": 1, "stream": false}',
+}
+
+
+def stubbed_runtime() -> tuple[Any, Stubber]:
+    """A real sagemaker-runtime client; Stubber checks each call's parameters against the API and ours."""
+    runtime = boto3.client("sagemaker-runtime", region_name=REGION)
+    return runtime, Stubber(runtime)
+
+
+def model_error(stubber: Stubber, original_status: int, original_message: str) -> None:
+    stubber.add_client_error(
+        "invoke_endpoint",
+        service_error_code="ModelError",
+        service_message=f"Received server error ({original_status}) from primary with message {original_message}",
+        http_status_code=424,
+        modeled_fields={"OriginalStatusCode": original_status, "OriginalMessage": original_message},
+        expected_params=PROBE_PARAMS,
+    )
+
+
+def answer(stubber: Stubber, text: str) -> None:
+    body = json.dumps({"text": text, "finish_reason": "length"}).encode()
+    stubber.add_response(
+        "invoke_endpoint",
+        {"Body": StreamingBody(io.BytesIO(body), len(body)), "ContentType": "application/json"},
+        expected_params=PROBE_PARAMS,
+    )
+
+
+def test_wait_means_in_service_and_then_a_real_answer(aws, recorder):
+    """TorchServe 0.11's /ping says Healthy before the model loaded: InService is not enough."""
+    sm = recorder.attach(boto3.client("sagemaker", region_name=REGION))
+    runtime, stubber = stubbed_runtime()
+    model_error(stubber, 503, "Model model has no worker to serve inference request")
+    model_error(stubber, 0, "Your invocation timed out while waiting for a response from container primary")
+    answer(stubber, " sunny")
+    fake = FakeTime()
+    with stubber:
+        deploy(Clients(sm, runtime=runtime), deployment(), wait=True, probe=fake.probe())
+        stubber.assert_no_pending_responses()
+    assert recorder.operations() == ["CreateModel", "CreateEndpointConfig", "CreateEndpoint", "DescribeEndpoint"]
+    assert fake.sleeps == [15.0, 15.0]
+
+
+def test_wait_gives_up_when_the_model_never_answers(aws):
+    sm = boto3.client("sagemaker", region_name=REGION)
+    runtime, stubber = stubbed_runtime()
+    for _ in range(3):  # at 0, 15 and 30 s; the next try would come after the 40 s timeout
+        model_error(stubber, 503, "Model model has no worker to serve inference request")
+    fake = FakeTime()
+    with stubber, pytest.raises(sagemaker_deploy.DeployError) as failed:
+        deploy(Clients(sm, runtime=runtime), deployment(), wait=True, probe=fake.probe(timeout_s=40))
+    stubber.assert_no_pending_responses()
+    message = str(failed.value)
+    assert "did not answer within 40 s" in message and "ModelError (503)" in message
+    assert "/aws/sagemaker/Endpoints/llama-inf2-test" in message
+
+
+def test_wait_stops_at_once_when_the_container_refuses_the_request(aws):
+    sm = boto3.client("sagemaker", region_name=REGION)
+    runtime, stubber = stubbed_runtime()
+    model_error(stubber, 400, "InvalidKeyException: Token Authorization failed")  # token auth left on
+    fake = FakeTime()
+    with stubber, pytest.raises(sagemaker_deploy.DeployError, match="refused the readiness request"):
+        deploy(Clients(sm, runtime=runtime), deployment(), wait=True, probe=fake.probe())
+    assert fake.sleeps == []
+
+
+def test_an_endpoint_that_fails_to_start_says_why():
+    sm = boto3.client("sagemaker", region_name=REGION)
+    stubber = Stubber(sm)
+    stubber.add_response(
+        "describe_endpoint",
+        {
+            "EndpointName": "llama-inf2-test",
+            "EndpointArn": "arn:aws:sagemaker:us-west-2:123456789012:endpoint/llama-inf2-test",
+            "EndpointConfigName": "llama-inf2-test",
+            "EndpointStatus": "Failed",
+            "FailureReason": "The primary container for variant AllTraffic did not pass the ping health check",
+            "CreationTime": "2026-11-30T12:00:00Z",
+            "LastModifiedTime": "2026-11-30T12:30:00Z",
+        },
+        {"EndpointName": "llama-inf2-test"},
+    )
+    with stubber, pytest.raises(sagemaker_deploy.DeployError, match="did not pass the ping health check"):
+        sagemaker_deploy.wait_in_service(sm, "llama-inf2-test")
+
+
+@pytest.mark.parametrize("uploaded", [[], ["MAR-INF/MANIFEST.json"]])
+def test_deploy_refuses_model_data_that_is_not_a_sagemaker_archive(aws, recorder, uploaded):
+    s3 = boto3.client("s3", region_name=REGION)
+    make_bucket(s3)
+    for rel in uploaded:
+        s3.put_object(Bucket=BUCKET, Key=f"llama-inf2/{rel}", Body=b"{}")
+    sm = recorder.attach(boto3.client("sagemaker", region_name=REGION))
+    with pytest.raises(sagemaker_deploy.DeployError, match="does not exist: upload the model folder"):
+        deploy(Clients(sm, s3=s3), deployment())
+    assert recorder.operations() == []  # nothing created
+
+
+def test_deploy_goes_on_when_the_model_data_is_there(aws, recorder):
+    s3 = boto3.client("s3", region_name=REGION)
+    make_bucket(s3)
+    for rel in ("MAR-INF/MANIFEST.json", "sagemaker.properties"):
+        s3.put_object(Bucket=BUCKET, Key=f"llama-inf2/{rel}", Body=b"x")
+    sm = recorder.attach(boto3.client("sagemaker", region_name=REGION))
+    deploy(Clients(sm, s3=s3), deployment())
+    assert recorder.operations() == ["CreateModel", "CreateEndpointConfig", "CreateEndpoint"]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,7 @@
 """scripts/sagemaker_stream.py: lines reassembled from event payloads split anywhere,
-multi-byte UTF-8 characters included, and the invoke call's parameters."""
+multi-byte UTF-8 characters included; the invoke call through a real botocore client
+(parameters validated and serialized, the event stream decoded by botocore); errors in the
+stream reported as a message and exit status 1."""
 
 from __future__ import annotations
 
@@ -7,11 +9,18 @@ import io
 import itertools
 import json
 import random
-from typing import Any
 
 import pytest
 
-from scripts.sagemaker_stream import LineAssembler, StreamError, request_body, sagemaker_payloads, stream_text
+from scripts.sagemaker_stream import (
+    LineAssembler,
+    StreamError,
+    main,
+    request_body,
+    sagemaker_payloads,
+    stream_text,
+)
+from tests.sagemaker.eventstream import StreamingEndpoint, exception_event, payload_part, runtime_client
 
 TEXTS = ["Today ", "天气", "真好", " 🌞🏖️", ", café", "\n", "naïve ", "😀"]
 FINAL = {"text": "", "finish_reason": "length", "usage": {"prompt_tokens": 5, "completion_tokens": 8}}
@@ -25,10 +34,6 @@ def ndjson() -> bytes:
 def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
     bounds = [0, *sorted(set(cuts)), len(data)]
     return [data[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-def events(parts: list[bytes]) -> list[dict[str, Any]]:
-    return [{"PayloadPart": {"Bytes": part}} for part in parts]
 
 
 def test_every_single_split_point_gives_the_same_lines():
@@ -80,38 +85,83 @@ def test_in_band_error_line_raises_after_the_text_so_far():
     assert out.getvalue() == "partial"
 
 
-class FakeRuntime:
-    """A sagemaker-runtime client: records the call, answers with an event stream."""
-
-    def __init__(self, stream: list[dict[str, Any]]) -> None:
-        self.stream = stream
-        self.calls: list[dict[str, Any]] = []
-
-    def invoke_endpoint_with_response_stream(self, **params: Any) -> dict[str, Any]:
-        self.calls.append(params)
-        return {"Body": iter(self.stream), "ContentType": "application/x-ndjson"}
+def encoded_stream(payloads: list[bytes], tail: bytes = b"") -> bytes:
+    return b"".join(payload_part(part) for part in payloads) + tail
 
 
-def test_invoke_parameters_and_payloads():
+def test_invoke_parameters_and_payloads_through_botocore():
+    """A real client: botocore validates and serializes the call, decodes the event stream (cut
+    at arbitrary byte offsets, mid-message) and hands over PayloadPart bytes (cut mid-line and
+    mid-character)."""
     data = ndjson()
-    runtime = FakeRuntime(events(split_at(data, [3, 50, 51, 52, 200])))
+    wire = encoded_stream(split_at(data, [3, 50, 51, 52, 200]))
+    endpoint = StreamingEndpoint(split_at(wire, [1, 13, 97, 98, 400]))
     body, content_type = request_body("Today the weather is", 64, plain=False)
     out = io.StringIO()
-    last = stream_text(sagemaker_payloads(runtime, "ep-1", body, content_type), out)
+    last = stream_text(sagemaker_payloads(runtime_client(endpoint), "ep-1", body, content_type), out)
     assert out.getvalue() == "".join(TEXTS) and last == FINAL
-    (call,) = runtime.calls
-    assert call["EndpointName"] == "ep-1"
-    assert call["ContentType"] == "application/json"
-    assert json.loads(call["Body"]) == {"prompt": "Today the weather is", "max_new_tokens": 64, "stream": True}
+    (request,) = endpoint.requests
+    assert request.url.endswith("/endpoints/ep-1/invocations-response-stream")
+    assert request.headers["Content-Type"] == b"application/json"
+    assert request.headers["X-Amzn-SageMaker-Accept"] == b"application/x-ndjson"
+    assert json.loads(request.body) == {"prompt": "Today the weather is", "max_new_tokens": 64, "stream": True}
 
 
 def test_plain_body_is_the_seeds_bytes():
     assert request_body("Today 天气", 10, plain=True) == ("Today 天气".encode(), "text/plain")
 
 
-def test_model_stream_error_event_raises():
-    stream = events([b'{"text": "a"}\n']) + [{"ModelStreamError": {"ErrorCode": "ModelError", "Message": "boom"}}]
+@pytest.mark.parametrize(
+    ("kind", "message", "error_code"),
+    [
+        ("ModelStreamError", "Your model primary did not complete sending the inference response", "StreamBroken"),
+        ("InternalStreamFailure", "The stream processing failed", None),
+    ],
+)
+def test_an_error_event_raised_by_botocore_becomes_a_stream_error(kind, message, error_code):
+    """botocore raises an exception event as EventStreamError while the stream is iterated
+    (it is never an event dict): the text before it is kept, then a StreamError names it."""
+    wire = encoded_stream([b'{"text": "a"}\n'], exception_event(kind, message, error_code))
+    endpoint = StreamingEndpoint(split_at(wire, [20]))
     out = io.StringIO()
-    with pytest.raises(StreamError, match="ModelStreamError: ModelError boom"):
-        stream_text(sagemaker_payloads(FakeRuntime(stream), "ep", b"x", "text/plain"), out)
+    with pytest.raises(StreamError, match=f"^{kind}: {message}$"):
+        stream_text(sagemaker_payloads(runtime_client(endpoint), "ep", b"x", "text/plain"), out)
     assert out.getvalue() == "a"
+
+
+def test_cli_reports_an_error_event_with_exit_status_1_and_no_traceback(capsys):
+    wire = encoded_stream([b'{"text": "partial"}\n'], exception_event("ModelStreamError", "model timed out"))
+    runtime = runtime_client(StreamingEndpoint([wire]))
+    with pytest.raises(SystemExit) as exited:
+        main(["--endpoint-name", "ep-1", "Today"], runtime=runtime)
+    assert exited.value.code == 1
+    captured = capsys.readouterr()
+    assert captured.out == "partial"
+    assert captured.err.strip() == "error: ModelStreamError: model timed out"
+
+
+def test_cli_reports_a_model_error_before_any_event(capsys):
+    """The container refused the request (here a 400 from the handler): SageMaker answers the
+    call itself with ModelError, and the container's status and message are shown."""
+    detail = {"error": {"message": "prompt is empty", "param": "prompt"}}
+    error_body = {
+        "Message": "Received client error (400) from primary",
+        "OriginalStatusCode": 400,
+        "OriginalMessage": json.dumps(detail),
+    }
+    endpoint = StreamingEndpoint([], status=424, error_body=json.dumps(error_body).encode())
+    with pytest.raises(SystemExit) as exited:
+        main(["--endpoint-name", "ep-1", " "], runtime=runtime_client(endpoint))
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "error: ModelError: Received client error (400) from primary" in err
+    assert "container answered 400" in err and "prompt is empty" in err
+    assert "Traceback" not in err
+
+
+def test_parameters_are_validated_by_botocore():
+    """A real client refuses what the API does not take (a fake would have accepted it)."""
+    endpoint = StreamingEndpoint([])
+    with pytest.raises(StreamError, match=r"ParamValidationError: (?s:.*)Invalid type for parameter Body"):
+        list(sagemaker_payloads(runtime_client(endpoint), "ep-1", 12345, "text/plain"))  # type: ignore[arg-type]
+    assert endpoint.requests == []  # refused before anything was sent

@@ -2,9 +2,11 @@
 PretrainedModel.from_pretrained (src/transformers_neuronx/module.py), on CPU.
 
 What is faithful, because the backend depends on it:
-- `from_pretrained(path, **kwargs)` reads config.json and loads weights from
-  model.safetensors, its index, a `pytorch_model.bin/` split folder or pytorch_model.bin,
-  else FileNotFoundError; a context_length_estimate above n_positions fails its assert.
+- `from_pretrained(path, **kwargs)` runs the real `_sanity_check` (AssertionError: a
+  context_length_estimate above n_positions; a BSH cache_layout without continuous
+  batching; continuous batching whose batch_size_for_shared_caches is not batch_size),
+  reads config.json and loads weights from model.safetensors, its index, a
+  `pytorch_model.bin/` split folder or pytorch_model.bin, else FileNotFoundError.
 - `amp` other than f32/f16/bf16/s8/f8e4m3fn raises KeyError (so 'fp16' does).
 - Programs: one per token bucket (powers of two from 128 to n_positions) and one per
   context bucket (default: half of each token bucket), each for the compiled batch size;
@@ -16,6 +18,10 @@ What is faithful, because the backend depends on it:
 - `forward(input_ids, cache_ids, start_ids)` returns [batch, vocab] float32 logits of the
   last position; a batch size that was not compiled raises KeyError; a position at or
   beyond n_positions raises StopIteration.
+- 2-D cache ids (NeuronConfig.lhs_aligned: right-padded rows, `start_ids` = slot ids): each
+  token is written at its own cache id, every written position is attended, at its cache id
+  as position, and each row's logits come from its largest cache id. Rows that were
+  left-padded therefore come out wrong, as on a device.
 - A NEURON_RT_VISIBLE_CORES range smaller than tp_degree fails to_neuron() (the runtime
   cannot place the model).
 
@@ -36,8 +42,9 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from transformers_neuronx import _calllog, compiler
+from transformers_neuronx import _calllog, _hold, compiler
 from transformers_neuronx.config import NeuronConfig
+from transformers_neuronx.constants import LAYOUT_BSH
 
 # transformers renamed `torch_dtype` to `dtype` in 4.56; the Neuron venvs have 4.4x
 _VERSION = tuple(int(part) for part in transformers.__version__.split(".")[:2])
@@ -104,16 +111,15 @@ class NeuronModelBase(torch.nn.Module):
         self._hf_model: torch.nn.Module | None = None
         self._neffs: dict[str, bytes] | None = None
         self._history: torch.Tensor | None = None
+        self._slots: torch.Tensor | None = None  # 2-D cache ids: the token at each [row, cache id], -1 if none
+        self._decode_steps = 0
 
     # -- loading (module.PretrainedModel) ------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_path: str | os.PathLike[str], *model_args: Any, **kwargs: Any):
+        _sanity_check(**kwargs)
         n_positions = kwargs.get("n_positions", 2048)
         estimate = kwargs.get("context_length_estimate")
-        max_npos = max(n_positions) if isinstance(n_positions, list) else n_positions
-        max_cle = max(estimate) if isinstance(estimate, list) else estimate
-        if isinstance(max_npos, int) and isinstance(max_cle, int):
-            assert max_npos >= max_cle, f"Max context_length_estimate {max_cle} cannot be more than max n_positions"
         config = AutoConfig.from_pretrained(pretrained_model_path)
         model = cls(config, *model_args, **kwargs)
         model._load_weights(Path(pretrained_model_path))
@@ -237,6 +243,8 @@ class NeuronModelBase(torch.nn.Module):
         if self._neffs is None or self._hf_model is None:
             raise RuntimeError("the model is not on Neuron: call to_neuron() first")
         batch, length = input_ids.shape
+        if cache_ids is not None and cache_ids.dim() == 2:
+            return self._forward_2d(input_ids, cache_ids)
         if cache_ids is None:
             cache_ids = torch.arange(length, dtype=torch.int32)
         if int(cache_ids.max()) >= self.n_positions:
@@ -246,10 +254,13 @@ class NeuronModelBase(torch.nn.Module):
             if batch not in self.batch_sizes:
                 raise KeyError((bucket, batch))
             self._history = input_ids.clone()
+            self._decode_steps = 0
             _calllog.record("context", bucket=bucket, batch_size=batch, length=length)
         else:
             if batch not in self.batch_sizes:
                 raise KeyError(batch)
+            self._decode_steps += 1
+            _hold.maybe_hold(self._decode_steps)
             position = int(cache_ids.reshape(-1)[0])
             history = self._history if self._history is not None else input_ids[:, :0]
             self._history = torch.cat([history[:, :position], input_ids], dim=1)
@@ -261,3 +272,49 @@ class NeuronModelBase(torch.nn.Module):
         with torch.inference_mode():
             logits = self._hf_model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
         return logits[:, -1, :].float()
+
+    def _forward_2d(self, input_ids: torch.Tensor, cache_ids: torch.Tensor) -> torch.Tensor:
+        batch, length = input_ids.shape
+        if batch not in self.batch_sizes:
+            raise KeyError(batch)
+        if int(cache_ids.max()) >= self.n_positions:
+            raise StopIteration(f"position {int(cache_ids.max())} is beyond n_positions {self.n_positions}")
+        if length > 1 or self._slots is None:
+            self._slots = torch.full((batch, self.n_positions), -1, dtype=torch.long)
+            bucket = find_bucket(self.context_buckets, length)
+            _calllog.record("context", bucket=bucket, batch_size=batch, length=length)
+        rows = torch.arange(batch)[:, None].expand(batch, length)
+        self._slots[rows, cache_ids.long()] = input_ids.long()
+        last = cache_ids.long().max(dim=1).values
+        ids = self._slots[:, : int(last.max()) + 1]
+        positions = torch.arange(ids.shape[1])[None, :].expand_as(ids)
+        with torch.inference_mode():
+            logits = self._hf_model(
+                input_ids=ids.clamp(min=0), attention_mask=(ids >= 0).long(), position_ids=positions
+            ).logits
+        return logits[torch.arange(batch), last, :].float()
+
+
+def _sanity_check(**kwargs: Any) -> None:
+    """module.PretrainedModel.from_pretrained's checks, same conditions and messages."""
+    estimate = kwargs.get("context_length_estimate")
+    n_positions = kwargs.get("n_positions", 2048)
+    max_npos = max(n_positions) if isinstance(n_positions, list) else n_positions
+    max_cle = max(estimate) if isinstance(estimate, list) else estimate
+    if isinstance(max_npos, int) and isinstance(max_cle, int):
+        assert max_npos >= max_cle, (
+            f"Max context_length_estimate {max_cle} cannot be more than max n_positions {max_npos}."
+        )
+    neuron_config = kwargs.get("neuron_config")
+    bsh_cache_layout = neuron_config is not None and neuron_config.cache_layout == LAYOUT_BSH
+    continuous_batching = neuron_config and neuron_config.continuous_batching
+    if continuous_batching:
+        slots, expected = continuous_batching.batch_size_for_shared_caches, kwargs.get("batch_size")
+        assert slots == expected, f"invalid batch_size_for_shared_caches ({slots}), {expected} is expected"
+        if bsh_cache_layout and not continuous_batching.optimized_paged_attention:
+            assert isinstance(n_positions, list) and len(n_positions) == 1
+            assert isinstance(estimate, list) and len(estimate) == 1, (
+                "BSH cache layout does not support multi-bucketing"
+            )
+    else:
+        assert not bsh_cache_layout, "BSH cache layout can only be configured with continuous batching."

@@ -2,11 +2,22 @@
 
 import enum
 
+LAYOUT_BSH = "BSH"
+LAYOUT_HSB = "HSB"
+LAYOUT_SBH = "SBH"
+
 
 class Layout(enum.Enum):
+    """Like the real one, a member equals its string spelling (NeuronConfig keeps whatever it was given)."""
+
     HSB = "HSB"
     BSH = "BSH"
     SBH = "SBH"
+
+    def __eq__(self, value: object) -> bool:
+        return super().__eq__(Layout(value))
+
+    __hash__ = enum.Enum.__hash__
 
 
 class GQA(enum.Enum):

@@ -9,6 +9,9 @@ Behaviour re-implemented: `generate` resets the step counter and runs Hugging Fa
 `generate`; `prepare_inputs_for_generation` turns the attention mask into `start_ids`
 (the first real token of each left-padded row), sends the whole prompt with
 `cache_ids = arange(T)` first, then only the last token with `cache_ids = [cur_len]`.
+With `neuron_config.use_2d_cache_ids` (lhs_aligned) it does what the real one does for
+right-padded rows instead: `start_ids = arange(batch)`, prefill `cache_ids = arange(T) *
+attention_mask`, then `[batch, 1]` cache ids one past each row's largest.
 """
 
 from __future__ import annotations
@@ -61,8 +64,21 @@ class HuggingFaceGenerationModelAdapter(PreTrainedModel):
         start_ids = None
         if attention_mask is not None:
             start_ids = attention_mask.max(dim=1).indices.int()
-        if (self.cur_len > 0).any():
+        decoding = bool((self.cur_len > 0).any())
+        if decoding:
             input_ids = input_ids[:, -1:]
+        if self.model.neuron_config.use_2d_cache_ids:
+            # right-padded rows: slot ids, and each row's own positions (arange times its mask)
+            start_ids = torch.arange(input_ids.shape[0])
+            if decoding:
+                cache_ids = self.cur_len.unsqueeze(-1) + 1
+                self.cur_len = cache_ids.squeeze(-1)
+            else:
+                if attention_mask is None:  # transformers 5 drops an all-ones mask; the real one needs < 4.50
+                    attention_mask = torch.ones_like(input_ids)
+                cache_ids = torch.arange(attention_mask.shape[1]) * attention_mask
+                self.cur_len = cache_ids.max(dim=1).values
+        elif decoding:
             cache_ids = self.cur_len
             self.cur_len = cache_ids + 1
         else:

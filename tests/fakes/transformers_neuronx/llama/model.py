@@ -1,5 +1,7 @@
 """Mirrors LlamaForSampling (src/transformers_neuronx/llama/model.py): same constructor
-keywords and defaults; unknown keywords are swallowed, as the real one does."""
+keywords and defaults; unknown keywords are swallowed, as the real one does; like it,
+`sequence_parallel_norm` with a context bucket above the threshold that tp_degree does not
+divide raises ValueError."""
 
 from __future__ import annotations
 
@@ -33,3 +35,10 @@ class LlamaForSampling(NeuronModelBase):
             context_length_estimate=context_length_estimate,
             neuron_config=neuron_config,
         )
+        if neuron_config and neuron_config.sequence_parallel_norm:
+            for bucket_size in self.context_buckets:
+                if bucket_size > neuron_config.sequence_parallel_norm_threshold and bucket_size % tp_degree != 0:
+                    raise ValueError(
+                        f"Sequence parallel normalization requires the bucket size ({bucket_size}) to be divisible "
+                        f"by the tensor parallel degree ({tp_degree})"
+                    )

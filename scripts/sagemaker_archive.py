@@ -1,0 +1,164 @@
+"""Build the model folder a SageMaker endpoint loads from your checkpoint and a SageMaker config.
+
+The result is a TorchServe model folder (torch-model-archiver `no-archive` format) that
+holds everything the PyTorch Neuron DLC needs and nothing it has to fetch:
+
+    MAR-INF/MANIFEST.json, inf2_handler.py, handler/, profiles/
+    model-config.yaml      your SageMaker config, model_checkpoint_dir pointing at model/
+    model/                 your checkpoint, compiled Neuron artifacts (neuron_cache/) included
+    deps/cp310/            requirements-archive.txt installed for the DLC's Python (CPython
+                           3.10, manylinux x86_64 wheels); the handler entry puts it first on
+                           sys.path when it runs on that Python
+    sagemaker.properties   the container's TorchServe config (TS_CONFIG_FILE, set by the deploy)
+
+Nothing is pip-installed when the model loads, so endpoints without internet access (a VPC
+without NAT, network isolation) work too. Building needs PyPI (or a mirror in pip's
+configuration: PIP_INDEX_URL, PIP_FIND_LINKS + PIP_NO_INDEX=1 for a local wheelhouse).
+
+    python scripts/sagemaker_archive.py --model-dir models/llama-2-7b --build-dir build/sagemaker
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scripts.sagemaker_common import (
+    ARCHIVE_REQUIREMENTS,
+    DLC_PYTHON_VERSION,
+    MODEL_CONFIG_NAME,
+    PROPERTIES_NAME,
+    REPO,
+    SAGEMAKER_MODEL_CONFIG,
+    SAGEMAKER_PROPERTIES,
+    config_findings,
+    deps_subdir,
+    load_model_config,
+)
+from scripts.stage_archive import EMBEDDED_CHECKPOINT, check_checkpoint, copy_checkpoint, stage_code
+
+# The DLC (pytorch-inference-neuronx ...-py310-sdk2.25.0-ubuntu22.04): CPython 3.10 on x86_64
+# Ubuntu 22.04 (glibc 2.35). pip takes --platform tags literally, so list the manylinux levels
+# wheels are commonly tagged with, up to the DLC's glibc.
+DLC_PLATFORMS = (
+    "manylinux2014_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux_2_35_x86_64",
+)
+
+
+def validate_config(config: Path) -> None:
+    """The handler's own parser: a typo fails here, not 20 minutes into a deployment."""
+    from handler.config import ConfigError, ServingConfig
+
+    try:
+        ServingConfig.from_model_yaml(load_model_config(config))
+    except ConfigError as exc:
+        raise SystemExit(f"{config}: {exc}") from None
+
+
+def check_sources(model_dir: Path, config: Path) -> None:
+    check_checkpoint(model_dir)
+    validate_config(config)
+    findings = config_findings(load_model_config(config), model_dir, str(config))
+    for warning in findings.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if findings.errors:
+        raise SystemExit("\n".join(f"error: {error}" for error in findings.errors))
+
+
+def pip_target_command(requirements: Path, target: Path, python_version: str) -> list[str]:
+    abi = "cp" + python_version.replace(".", "")
+    platforms = [arg for platform in DLC_PLATFORMS for arg in ("--platform", platform)]
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-compile",
+        "--target",
+        str(target),
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        python_version,
+        "--abi",
+        abi,
+        *platforms,
+        "-r",
+        str(requirements),
+    ]
+
+
+def bundle_dependencies(requirements: Path, target: Path, python_version: str) -> None:
+    """requirements-archive.txt as wheels for the DLC's Python, unpacked into target."""
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run(pip_target_command(requirements, target, python_version), check=True)
+    shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts: nothing runs them
+    if not any(target.glob("*.dist-info")):
+        raise SystemExit(f"pip installed nothing into {target} from {requirements}")
+
+
+def run_archiver(stage_dir: Path, model_name: str, store: Path, tmp: Path) -> Path:
+    """torch-model-archiver, no-archive format; it copies through $TMPDIR/<name>, so give it a private one."""
+    folder = store / model_name
+    shutil.rmtree(folder, ignore_errors=True)
+    store.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    archiver = Path(sys.executable).parent / "torch-model-archiver"
+    command = [str(archiver), "--model-name", model_name, "--version", "1.0"]
+    command += ["--handler", str(stage_dir / "handler" / "inf2_handler.py"), "--extra-files", str(stage_dir)]
+    command += ["--config-file", str(stage_dir / MODEL_CONFIG_NAME), "--archive-format", "no-archive"]
+    command += ["--export-path", str(store), "-f"]
+    subprocess.run(command, check=True, env={**os.environ, "TMPDIR": str(tmp), "TEMP": str(tmp)})
+    shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def build(
+    model_dir: Path,
+    config: Path,
+    model_name: str,
+    build_dir: Path,
+    requirements: Path = ARCHIVE_REQUIREMENTS,
+    python_version: str = DLC_PYTHON_VERSION,
+) -> Path:
+    """Stage code, config, deps and properties; archive them; then add the checkpoint (hard links)."""
+    check_sources(model_dir, config)
+    stage_dir = build_dir / "stage"
+    stage_code(config, stage_dir, EMBEDDED_CHECKPOINT)
+    bundle_dependencies(requirements, stage_dir / deps_subdir(python_version), python_version)
+    shutil.copy2(SAGEMAKER_PROPERTIES, stage_dir / PROPERTIES_NAME)
+    folder = run_archiver(stage_dir, model_name, build_dir / "model_store", build_dir / "tmp")
+    copy_checkpoint(model_dir, folder / EMBEDDED_CHECKPOINT)
+    shutil.rmtree(stage_dir)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, required=True, help="your checkpoint (compiled with make compile)")
+    parser.add_argument("--config", type=Path, default=SAGEMAKER_MODEL_CONFIG, help="the SageMaker model-config")
+    parser.add_argument("--model-name", default="llama")
+    parser.add_argument("--build-dir", type=Path, default=REPO / "build" / "sagemaker", help="stage + model_store/")
+    parser.add_argument("--requirements", type=Path, default=ARCHIVE_REQUIREMENTS)
+    parser.add_argument("--python-version", default=DLC_PYTHON_VERSION, help="the DLC's Python, for deps/cpXY")
+    args = parser.parse_args(argv)
+    folder = build(args.model_dir, args.config, args.model_name, args.build_dir, args.requirements, args.python_version)
+    print(f"sagemaker archive: {folder}")
+
+
+if __name__ == "__main__":
+    main()

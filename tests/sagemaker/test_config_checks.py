@@ -1,0 +1,122 @@
+"""What sagemaker-archive and sagemaker-upload say about a SageMaker model-config.yaml, and
+the shipped SageMaker config and container properties themselves."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from handler.config import ServingConfig
+from scripts.sagemaker_common import (
+    LOAD_SAFE_TIMEOUT_S,
+    SAGEMAKER_MODEL_CONFIG,
+    SAGEMAKER_PROPERTIES,
+    config_findings,
+    read_properties,
+)
+
+GOOD: dict[str, Any] = {
+    "responseTimeout": 1200,
+    "startupTimeout": 1200,
+    "handler": {"model_checkpoint_dir": "model", "backend": "neuronx", "neuronx": {"compile_on_start": False}},
+}
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    """A checkpoint with compiled artifacts where the neuronx backend looks (neuron_cache/artifacts)."""
+    artifacts = tmp_path / "model" / "neuron_cache" / "artifacts"
+    artifacts.mkdir(parents=True)
+    (artifacts / "manifest.json").write_text("{}")
+    return tmp_path / "model"
+
+
+def with_(**changes: Any) -> dict[str, Any]:
+    raw = copy.deepcopy(GOOD)
+    for dotted, value in changes.items():
+        *parents, key = dotted.split("__")
+        node = raw
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        if value is None:
+            node.pop(key, None)
+        else:
+            node[key] = value
+    return raw
+
+
+def test_a_load_safe_sagemaker_config_with_artifacts_has_nothing_to_say(checkpoint):
+    found = config_findings(GOOD, checkpoint, "cfg")
+    assert (found.errors, found.warnings) == ([], [])
+
+
+def test_a_response_timeout_above_sagemakers_60_s_is_no_longer_a_warning(checkpoint):
+    found = config_findings(with_(responseTimeout=3600, startupTimeout=3600), checkpoint, "cfg")
+    assert (found.errors, found.warnings) == ([], [])
+
+
+def test_a_short_response_timeout_warns_that_torchserve_0_11_loads_under_it(checkpoint):
+    found = config_findings(with_(responseTimeout=55), checkpoint, "cfg")
+    (warning,) = found.warnings
+    assert "responseTimeout=55s" in warning and "TorchServe 0.11" in warning and "waits for the model load" in warning
+    assert found.errors == []
+
+
+def test_no_startup_timeout_warns_for_torchserve_0_12_images(checkpoint):
+    (warning,) = config_findings(with_(startupTimeout=None), checkpoint, "cfg").warnings
+    assert "TorchServe 0.12+" in warning and "startupTimeout" in warning
+
+
+def test_compile_on_start_warns(checkpoint):
+    (warning,) = config_findings(with_(handler__neuronx__compile_on_start=True), checkpoint, "cfg").warnings
+    assert "compile_on_start is true" in warning
+
+
+def test_missing_artifacts_fail_when_the_endpoint_may_not_compile(tmp_path):
+    found = config_findings(GOOD, tmp_path / "model", "cfg")
+    (error,) = found.errors
+    assert "no compiled Neuron artifacts" in error and "make compile" in error
+
+
+def test_missing_artifacts_only_warn_when_the_endpoint_may_compile(tmp_path):
+    found = config_findings(with_(handler__neuronx__compile_on_start=True), tmp_path / "model", "cfg")
+    assert found.errors == []
+    assert any("no compiled Neuron artifacts" in w for w in found.warnings)
+
+
+def test_an_s3_cache_dir_keeps_artifacts_in_the_checkpoint(checkpoint):
+    found = config_findings(with_(handler__neuronx__cache_dir="s3://bucket/cache"), checkpoint, "cfg")
+    assert found.errors == []
+
+
+def test_a_cpu_backend_is_pointed_out(checkpoint):
+    (warning,) = config_findings(with_(handler__backend="hf"), checkpoint, "cfg").warnings
+    assert "CPU" in warning
+
+
+def test_the_shipped_sagemaker_config_parses_and_is_load_safe(checkpoint):
+    raw = yaml.safe_load(SAGEMAKER_MODEL_CONFIG.read_text())
+    config = ServingConfig.from_model_yaml(raw)  # the handler's own parser: no unknown keys
+    assert config.handler.backend == "neuronx" and config.handler.amp == "bf16" and config.handler.tp_degree == 2
+    assert config.handler.neuronx.compile_on_start is False
+    assert config.handler.neuronx.compile_cache == "/tmp/neuron-compile-cache"
+    assert config.handler.model_checkpoint_dir == "model"
+    assert raw["responseTimeout"] >= LOAD_SAFE_TIMEOUT_S and raw["startupTimeout"] >= LOAD_SAFE_TIMEOUT_S
+    assert config.micro_batching.micro_batch_size <= config.batch_size
+    found = config_findings(raw, checkpoint, "cfg")
+    assert (found.errors, found.warnings) == ([], [])
+
+
+def test_the_container_properties():
+    props = {p.key: p.value for p in read_properties(SAGEMAKER_PROPERTIES)}
+    assert props["inference_address"] == "http://0.0.0.0:8080"
+    assert props["management_address"].startswith("http://127.0.0.1:")
+    assert props["disable_token_authorization"] == "true" and props["enable_model_api"] == "false"
+    assert props["allowed_urls"] == "file:///opt/ml/model/.*"
+    assert props["install_py_dep_per_model"] == "false"  # the deps are bundled in the archive
+    assert props["decode_input_request"] == "false"
+    assert int(props["default_response_timeout"]) >= LOAD_SAFE_TIMEOUT_S  # TorchServe 0.11 loads under it
