@@ -50,13 +50,7 @@ $(DEFAULT_MODEL_DIR)/config.json: scripts/make_tiny_model.py scripts/corpus.txt 
 
 archive: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
 	$(PY) scripts/stage_archive.py --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG) --stage $(BUILD)/stage \
-		$(if $(filter 1,$(EMBED_MODEL)),--embed-model)
-	mkdir -p $(MODEL_STORE)
-	$(BIN)/torch-model-archiver --model-name $(MODEL_NAME) --version 1.0 \
-		--handler $(BUILD)/stage/handler/inf2_handler.py --extra-files $(BUILD)/stage \
-		--config-file $(BUILD)/stage/model-config.yaml \
-		--archive-format no-archive --export-path $(MODEL_STORE) -f $(ARCHIVER_ARGS)
-	@echo "archive: $(MODEL_STORE)/$(MODEL_NAME)"
+		$(if $(filter 1,$(EMBED_MODEL)),--embed-model) --export-path $(MODEL_STORE) --model-name $(MODEL_NAME)
 
 $(TS_CONFIG): Makefile
 	mkdir -p $(BUILD)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ts.handler_utils.utils import send_intermediate_predict_response
 
-from handler.api import Api, select_api
+from handler.api import Api, route_path, select_api
 from handler.api.native import NativeApi
 from handler.backends.base import Backend
 from handler.backends.loader import load_backend
@@ -83,7 +83,7 @@ class GenerationService:
         work.arrived_at = arrival_time(context, index)
         try:
             url_path = context.get_request_header(index, "url_path")
-            body = None if _names_a_route(url_path) else decode_body(_body_of(row))
+            body = None if route_path(url_path) else decode_body(_body_of(row))  # no route: the body picks it
             work.api = select_api(url_path, context.model_name, body)
             work.reply = work.api.immediate()
             if work.reply is not None:
@@ -186,10 +186,6 @@ class GenerationService:
 
     def close(self) -> None:
         self.backend.close()
-
-
-def _names_a_route(url_path: str | None) -> bool:
-    return bool((url_path or "").strip("/"))
 
 
 def _body_of(row: Any) -> Any:

@@ -113,19 +113,11 @@ class TorchServe:
 def build_archive(workdir: Path, model_dir: Path, model_config: dict[str, Any], model_name: str) -> Path:
     config_path = workdir / "model-config.yaml"
     config_path.write_text(yaml.safe_dump(model_config))
-    stage = workdir / "stage"
+    store = workdir / "model_store"
     subprocess.run(
         [sys.executable, str(REPO / "scripts/stage_archive.py"), "--model-dir", str(model_dir)]
-        + ["--config", str(config_path), "--stage", str(stage)],
-        check=True,
-    )
-    store = workdir / "model_store"
-    store.mkdir(exist_ok=True)
-    subprocess.run(
-        [str(BIN / "torch-model-archiver"), "--model-name", model_name, "--version", "1.0"]
-        + ["--handler", str(stage / "handler/inf2_handler.py"), "--extra-files", str(stage)]
-        + ["--config-file", str(stage / "model-config.yaml"), "--archive-format", "no-archive"]
-        + ["--export-path", str(store), "-f"],
+        + ["--config", str(config_path), "--stage", str(workdir / "stage")]
+        + ["--export-path", str(store), "--model-name", model_name],
         check=True,
     )
     return store

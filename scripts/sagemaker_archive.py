@@ -21,7 +21,6 @@ configuration: PIP_INDEX_URL, PIP_FIND_LINKS + PIP_NO_INDEX=1 for a local wheelh
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.sagemaker_common import (
     ARCHIVE_REQUIREMENTS,
     DLC_PYTHON_VERSION,
-    MODEL_CONFIG_NAME,
     PROPERTIES_NAME,
     REPO,
     SAGEMAKER_MODEL_CONFIG,
@@ -41,7 +39,7 @@ from scripts.sagemaker_common import (
     deps_subdir,
     load_model_config,
 )
-from scripts.stage_archive import EMBEDDED_CHECKPOINT, check_checkpoint, copy_checkpoint, stage_code
+from scripts.stage_archive import EMBEDDED_CHECKPOINT, check_checkpoint, copy_checkpoint, run_archiver, stage_code
 
 # The DLC (pytorch-inference-neuronx ...-py310-sdk2.25.0-ubuntu22.04): CPython 3.10 on x86_64
 # Ubuntu 22.04 (glibc 2.35). pip takes --platform tags literally, so list the manylinux levels
@@ -109,22 +107,6 @@ def bundle_dependencies(requirements: Path, target: Path, python_version: str) -
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts: nothing runs them
     if not any(target.glob("*.dist-info")):
         raise SystemExit(f"pip installed nothing into {target} from {requirements}")
-
-
-def run_archiver(stage_dir: Path, model_name: str, store: Path, tmp: Path) -> Path:
-    """torch-model-archiver, no-archive format; it copies through $TMPDIR/<name>, so give it a private one."""
-    folder = store / model_name
-    shutil.rmtree(folder, ignore_errors=True)
-    store.mkdir(parents=True, exist_ok=True)
-    tmp.mkdir(parents=True, exist_ok=True)
-    archiver = Path(sys.executable).parent / "torch-model-archiver"
-    command = [str(archiver), "--model-name", model_name, "--version", "1.0"]
-    command += ["--handler", str(stage_dir / "handler" / "inf2_handler.py"), "--extra-files", str(stage_dir)]
-    command += ["--config-file", str(stage_dir / MODEL_CONFIG_NAME), "--archive-format", "no-archive"]
-    command += ["--export-path", str(store), "-f"]
-    subprocess.run(command, check=True, env={**os.environ, "TMPDIR": str(tmp), "TEMP": str(tmp)})
-    shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
 def build(

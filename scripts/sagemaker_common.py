@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from handler.neuron.environment import CacheLocation
+
 REPO = Path(__file__).resolve().parent.parent
 SAGEMAKER_PROPERTIES = REPO / "serving" / "sagemaker.properties"
 SAGEMAKER_MODEL_CONFIG = REPO / "configs" / "model-config-sagemaker-inf2.yaml"
@@ -118,15 +120,6 @@ def _timeout_findings(raw: dict[str, Any], where: str) -> list[str]:
     return warnings
 
 
-def _artifacts_dir(checkpoint: Path, cache_dir: str) -> Path | None:
-    """Where the neuronx backend looks for compiled artifacts; None when outside the archive."""
-    if cache_dir.startswith("s3://"):
-        return checkpoint / "neuron_cache" / "artifacts"
-    if Path(cache_dir).is_absolute():
-        return None
-    return checkpoint / cache_dir / "artifacts"
-
-
 def _neuronx_findings(handler: dict[str, Any], checkpoint: Path, where: str) -> Findings:
     found = Findings()
     neuronx = handler.get("neuronx") or {}
@@ -137,8 +130,8 @@ def _neuronx_findings(handler: dict[str, Any], checkpoint: Path, where: str) -> 
             f"{where}: handler.neuronx.compile_on_start is true: artifacts that do not match make the endpoint "
             "compile for tens of minutes, past the container startup health check; set it to false"
         )
-    artifacts = _artifacts_dir(checkpoint, cache_dir)
-    if artifacts is None:
+    artifacts = CacheLocation.resolve(cache_dir, checkpoint).artifacts_dir  # where the worker looks
+    if not artifacts.is_relative_to(checkpoint):
         found.warnings.append(
             f"{where}: handler.neuronx.cache_dir '{cache_dir}' is outside the model data; the container sees "
             f"only {CONTAINER_MODEL_DIR}: keep the artifacts in the checkpoint (cache_dir: neuron_cache)"

@@ -1,6 +1,10 @@
 """Lay out what torch-model-archiver packs: the handler package, the model config and,
 optionally, the checkpoint.
 
+With `--export-path`, torch-model-archiver then packs the stage into `<store>/<name>/`
+(no-archive format), with a private TMPDIR (it copies through `$TMPDIR/<name>`, so two
+archives of one name would clobber each other in a shared /tmp).
+
 `--extra-files DIR` copies the *contents* of DIR into the archive root, so the stage
 holds `handler/` as a folder and the archive keeps it as a package. Without
 `--embed-model`, the staged config points at the checkpoint by absolute path, so a
@@ -14,6 +18,8 @@ import argparse
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,14 +75,35 @@ def stage(model_dir: Path, config: Path, stage_dir: Path, embed_model: bool) -> 
         copy_checkpoint(model_dir, stage_dir / EMBEDDED_CHECKPOINT)
 
 
+def run_archiver(stage_dir: Path, model_name: str, store: Path, tmp: Path) -> Path:
+    """torch-model-archiver, no-archive format; it copies through $TMPDIR/<name>, so give it a private one."""
+    folder = store / model_name
+    shutil.rmtree(folder, ignore_errors=True)
+    store.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    archiver = Path(sys.executable).parent / "torch-model-archiver"
+    command = [str(archiver), "--model-name", model_name, "--version", "1.0"]
+    command += ["--handler", str(stage_dir / "handler" / "inf2_handler.py"), "--extra-files", str(stage_dir)]
+    command += ["--config-file", str(stage_dir / "model-config.yaml"), "--archive-format", "no-archive"]
+    command += ["--export-path", str(store), "-f"]
+    subprocess.run(command, check=True, env={**os.environ, "TMPDIR": str(tmp), "TEMP": str(tmp)})
+    shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--config", type=Path, default=REPO / "model-config.yaml")
     parser.add_argument("--stage", type=Path, required=True)
     parser.add_argument("--embed-model", action="store_true")
+    parser.add_argument("--export-path", type=Path, help="also run torch-model-archiver into this model store")
+    parser.add_argument("--model-name", default="llama")
     args = parser.parse_args()
     stage(args.model_dir, args.config, args.stage, args.embed_model)
+    if args.export_path:
+        folder = run_archiver(args.stage, args.model_name, args.export_path, args.stage.with_name("archiver-tmp"))
+        print(f"archive: {folder}")
 
 
 if __name__ == "__main__":

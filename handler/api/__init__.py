@@ -31,9 +31,14 @@ _GENERATION_ROUTES: dict[str, type[CompletionsApi] | type[ChatCompletionsApi]] =
 _MODELS = "v1/models"
 
 
+def route_path(url_path: str | None) -> str:
+    """TorchServe's `url_path` header as a route ('' when the request named none)."""
+    return (url_path or "").strip("/")
+
+
 def select_api(url_path: str | None, model_name: str, body: dict[str, Any] | str | None = None) -> Api:
     """The Api for TorchServe's `url_path` request header; without one, for the decoded body's shape."""
-    path = (url_path or "").strip("/")
+    path = route_path(url_path)
     if not path:
         return _api_for_body(body, model_name)
     if path in _GENERATION_ROUTES:

@@ -171,6 +171,11 @@ class NeuronxBackend(GenerateBackend):
 
     def _neuron_config(self) -> Any | None:
         """NeuronConfig only when an option is configured; else the model's default."""
+        chosen = self._neuron_config_options()
+        return options.build(self.tnx.NeuronConfig, chosen) if chosen else None
+
+    def _neuron_config_options(self) -> dict[str, Any]:
+        """The NeuronConfig keywords this configuration passes (an SDK error may name one of them)."""
         chosen: dict[str, Any] = dict(self.settings.neuron_config)
         if self.settings.group_query_attention:
             chosen["group_query_attention"] = self.tnx.GQA(self.settings.group_query_attention)
@@ -178,9 +183,7 @@ class NeuronxBackend(GenerateBackend):
             chosen["quant"] = self.tnx.QuantizationConfig(
                 quant_dtype=self.settings.quantize_weights, dequant_dtype=self.amp
             )
-        if not chosen:
-            return None
-        return options.build(self.tnx.NeuronConfig, chosen)
+        return chosen
 
     def manifest_inputs(self, hf_config: Any) -> dict[str, Any]:
         """Everything the compiled NEFFs depend on (the weights are loaded separately, so not them)."""
@@ -221,20 +224,11 @@ class NeuronxBackend(GenerateBackend):
             key = "handler.amp" if exc.args[:1] == (self.amp,) else options.NEURON_CONFIG_KEY
             raise ConfigError(f"model-config.yaml: {key}: transformers-neuronx refused it: KeyError {exc}") from exc
         except (AssertionError, ValueError) as exc:  # its load-time sanity checks and constructor asserts
-            key = options.blame(str(exc), self._neuron_options(), kwargs)
+            key = options.blame(str(exc), self._neuron_config_options(), kwargs)
             raise ConfigError(
                 f"model-config.yaml: {key}: transformers-neuronx refused the model settings {self._described(kwargs)}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-
-    def _neuron_options(self) -> list[str]:
-        """The NeuronConfig keywords this configuration passes (an error may name one of them)."""
-        chosen = list(self.settings.neuron_config)
-        if self.settings.group_query_attention:
-            chosen.append("group_query_attention")
-        if self.settings.quantize_weights:
-            chosen.append("quant")
-        return chosen
 
     def _described(self, kwargs: dict[str, Any]) -> str:
         shown = {k: v for k, v in kwargs.items() if k != "neuron_config"}

@@ -64,15 +64,9 @@ def serve(workdir: Path, checkpoint: Path, call_log: Path) -> TorchServe:
     return server
 
 
-def management_headers(server: TorchServe) -> dict[str, str]:
-    """The management API's key. TorchServe 0.11 has no token authorization: it writes no
-    key_file.json and its management API takes no key, so no header then."""
-    return server.management_headers
-
-
 def wait_for_workers(server: TorchServe, count: int, timeout: float = 90) -> None:
     """start_torchserve returns once one worker answers; wait until `count` are READY (management API)."""
-    headers = management_headers(server)
+    headers = server.management_headers
     url = f"http://127.0.0.1:{server.management_port}/models/{server.model_name}"
     deadline = time.monotonic() + timeout
     workers: list = []
