@@ -43,6 +43,25 @@ class SimConfig(_Section):
     mean_natural_tokens: int = Field(default=256, ge=1, description="mean length at which a request emits EOS")
 
 
+class SchedulerConfig(_Section):
+    """The `scheduler:` section: how requests share the model's slots."""
+
+    mode: Literal["continuous", "static"] = Field(
+        default="continuous",
+        description="continuous: requests join and leave between decode steps (TorchServe continuousBatching); "
+        "static: TorchServe batching + MicroBatching, a micro-batch runs to its end",
+    )
+    n_slots: int = Field(
+        default=4, ge=1, le=256, description="sequences decoded together: the compiled batch size on neuronx"
+    )
+    prefill_token_budget: int = Field(
+        default=2048,
+        ge=1,
+        description="prompt tokens prefilled in one step (at least one request); bounds the pause of running streams",
+    )
+    overlap: bool = Field(default=True, description="run the next step while this step's tokens travel to the frontend")
+
+
 class MicroBatchingConfig(_Section):
     micro_batch_size: int = Field(default=1, ge=1, le=256)
     parallelism: Parallelism = Parallelism()
@@ -59,7 +78,11 @@ class HandlerConfig(_Section):
     default_max_new_tokens: int = Field(default=64, ge=1)
     max_new_tokens: int = Field(default=512, ge=1, description="the largest max_new_tokens a request may ask for")
     trust_remote_code: bool = False
-    generate_timeout_s: float = Field(default=600.0, gt=0, description="longest wait for one decode step")
+    step_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="a model step running longer fails the requests in flight (continuous mode) instead of hanging",
+    )
     cpu_threads: int | None = Field(
         default=None,
         ge=1,
@@ -96,6 +119,7 @@ class ServingConfig(BaseModel):
 
     handler: HandlerConfig
     micro_batching: MicroBatchingConfig
+    scheduler: SchedulerConfig = SchedulerConfig()
     batch_size: int
 
     @classmethod
@@ -109,14 +133,57 @@ class ServingConfig(BaseModel):
         batch_size = raw.get("batchSize", 1)
         handler = _parse_section(HandlerConfig, raw["handler"], "handler")
         micro = _parse_section(MicroBatchingConfig, raw.get("micro_batching") or {}, "micro_batching")
+        scheduler = _parse_section(SchedulerConfig, raw.get("scheduler") or {}, "scheduler")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"model-config.yaml: batchSize must be a positive integer, got {batch_size!r}")
-        if micro.micro_batch_size > batch_size:
+        _check_scheduler(scheduler, bool(raw.get("continuousBatching", False)), batch_size)
+        _check_workers(scheduler, raw)
+        if scheduler.mode == "static" and micro.micro_batch_size > scheduler.n_slots:
+            raise ConfigError(
+                f"model-config.yaml: micro_batching.micro_batch_size ({micro.micro_batch_size}) is above "
+                f"scheduler.n_slots ({scheduler.n_slots}); set micro_batch_size <= n_slots"
+            )
+        if scheduler.mode == "static" and micro.micro_batch_size > batch_size:
             raise ConfigError(
                 f"model-config.yaml: micro_batching.micro_batch_size ({micro.micro_batch_size}) is above batchSize "
                 f"({batch_size}); a micro-batch could never fill. Set micro_batch_size <= batchSize"
             )
-        return cls(handler=handler, micro_batching=micro, batch_size=batch_size)
+        return cls(handler=handler, micro_batching=micro, scheduler=scheduler, batch_size=batch_size)
+
+
+def _check_workers(scheduler: SchedulerConfig, raw: dict[str, Any]) -> None:
+    """One worker per model in continuous mode: an idle worker waits for new requests while
+    holding the model's job-queue lock in TorchServe's frontend (0.11 and 0.12:
+    Model.pollInferJob), so a worker with requests in flight could not get its next step
+    until a new request arrived."""
+    workers = max(int(raw.get("minWorkers") or 1), int(raw.get("maxWorkers") or 1))
+    if scheduler.mode == "continuous" and workers > 1:
+        raise ConfigError(
+            f"model-config.yaml: minWorkers/maxWorkers ({workers}) must be 1 with scheduler.mode continuous: "
+            "TorchServe's frontend stalls a worker's next step while another worker idles. Serve more requests "
+            "per worker with scheduler.n_slots, run more model copies as separate endpoints or TorchServe "
+            "instances, or use scheduler.mode: static for several workers"
+        )
+
+
+def _check_scheduler(scheduler: SchedulerConfig, continuous_batching: bool, batch_size: int) -> None:
+    """The frontend's mode must match the scheduler's: each speaks its own protocol."""
+    if scheduler.mode == "continuous" and not continuous_batching:
+        raise ConfigError(
+            "model-config.yaml: scheduler.mode is 'continuous' but continuousBatching is not true; set "
+            "continuousBatching: true (TorchServe then calls the handler once per step) or scheduler.mode: static"
+        )
+    if scheduler.mode == "static" and continuous_batching:
+        raise ConfigError(
+            "model-config.yaml: scheduler.mode is 'static' but continuousBatching is true; remove continuousBatching "
+            "or set scheduler.mode: continuous"
+        )
+    if scheduler.mode == "continuous" and batch_size < scheduler.n_slots:
+        raise ConfigError(
+            f"model-config.yaml: batchSize ({batch_size}) is below scheduler.n_slots ({scheduler.n_slots}); in "
+            "continuous mode batchSize is how many requests the frontend keeps in flight (slots + waiting): set "
+            f"batchSize >= {scheduler.n_slots}, e.g. {2 * scheduler.n_slots}"
+        )
 
 
 def _parse_section(model: type[SectionT], raw: Any, section: str) -> SectionT:

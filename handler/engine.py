@@ -1,79 +1,282 @@
-"""Runs one micro-batch: generation in a worker thread, tokens to text in the caller's.
+"""The continuous-batching engine: sequences join and leave the running batch between steps.
 
-No TorchServe and no HTTP here: `on_text(sequence, delta)` is how text leaves.
-Whatever happens inside the backend, the streamer is ended, every sequence ends
-finished or failed, and the caller's thread returns.
+One step: admit waiting sequences into free slots (`SlotScheduler`) and prefill them,
+then decode every live slot, the just-prefilled ones included (transformers-neuronx
+overwrites position 0 of any live slot left out of a decode call). Each token goes
+through its `Sequence` (EOS, stop strings, length are decided there); a sequence that
+ends frees its slot before the next step.
+
+No TorchServe here. Callers `submit` sequences, `abort` them by id, and `take` what each
+produced since the last take (`Update`). With `start()` the steps run on a thread of
+their own, so the next step runs while the caller ships this step's tokens (vLLM's async
+output processing); without it the caller runs `step()` itself. Backend calls come from
+one thread at a time; whatever a backend raises fails the sequences of that call only.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from collections.abc import Sequence as Seq
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from handler import failpoints
-from handler.backends.base import Backend
+from handler.backends.base import Backend, TokenChoice
 from handler.errors import EngineError
+from handler.scheduler import SlotScheduler
 from handler.sequence import Sequence
-from handler.streamer import TokenStreamer
 
 logger = logging.getLogger(__name__)
 
-TextCallback = Callable[[Sequence, str], None]
-FinishCallback = Callable[[Sequence], None]
+
+@dataclass
+class Update:
+    """What one request produced since the last `take`."""
+
+    sequence: Sequence
+    text: str = ""
+    ended: bool = False  # finished or failed; nothing follows
 
 
-class MicroBatchEngine:
-    def __init__(self, backend: Backend, step_timeout_s: float) -> None:
+@dataclass(frozen=True)
+class StepRecord:
+    """Timing of one engine step, for the metrics."""
+
+    prefill_s: float | None
+    decode_s: float | None
+    prefilled: int
+    decoded: int
+    occupied: int
+    waiting: int
+
+
+@dataclass
+class _Outbox:
+    sequence: Sequence
+    pending: list[str] = field(default_factory=list)
+    ended: bool = False
+
+
+class StepEngine:
+    def __init__(
+        self,
+        backend: Backend,
+        prefill_token_budget: int,
+        tokenizer_lock: threading.Lock | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.backend = backend
-        self.step_timeout_s = step_timeout_s
+        self.scheduler: SlotScheduler[Sequence] = SlotScheduler(backend.n_slots, prefill_token_budget)
+        self._tokenizer_lock = tokenizer_lock or threading.Lock()
+        self._clock = clock
+        self._changed = threading.Condition()  # guards everything below; notified after each step
+        self._outboxes: dict[str, _Outbox] = {}
+        self._aborts: list[str] = []
+        self._records: list[StepRecord] = []
+        self.steps = 0
+        self._step_started: float | None = None  # while a step runs
+        self._thread: threading.Thread | None = None
+        self._stopping = False
 
-    def run(self, sequences: Seq[Sequence], on_text: TextCallback, on_finished: FinishCallback | None = None) -> None:
-        """Generate the micro-batch. `on_text` gets each sequence's text as it is decoded;
-        `on_finished` is called the moment a sequence finishes (EOS, stop, length), while
-        its batch-mates may still be generating."""
-        if not sequences:
-            return
-        streamer = TokenStreamer(self.step_timeout_s)
-        backend_streamer = failpoints.wrap_streamer(streamer, [s.request.prompt for s in sequences])
-        failure: list[BaseException] = []
+    # -- the caller's side -------------------------------------------------------------
+    def submit(self, sequence: Sequence) -> None:
+        with self._changed:
+            if sequence.request_id in self._outboxes:
+                raise ValueError(f"request {sequence.request_id} is already in the engine")
+            self._outboxes[sequence.request_id] = _Outbox(sequence)
+            self.scheduler.add(sequence.request_id, len(sequence.prompt_ids), sequence)
+            self._changed.notify_all()
 
-        def generate() -> None:
+    def abort(self, request_id: str) -> None:
+        """The client is gone: its slot is freed at the start of the next step."""
+        with self._changed:
+            if request_id in self._outboxes:
+                self._aborts.append(request_id)
+                self._changed.notify_all()
+
+    def take(self, request_ids: Iterable[str]) -> dict[str, Update]:
+        """The text each request produced since the last take, and whether it ended; a
+        request that ended is forgotten once taken."""
+        out: dict[str, Update] = {}
+        with self._changed:
+            for request_id in request_ids:
+                box = self._outboxes.get(request_id)
+                if box is None or not (box.pending or box.ended):
+                    continue
+                out[request_id] = Update(box.sequence, "".join(box.pending), box.ended)
+                box.pending.clear()
+                if box.ended:
+                    del self._outboxes[request_id]
+        return out
+
+    def wait(self, request_ids: Iterable[str], after_step: int, timeout_s: float) -> None:
+        """Block until a request has something to take, or a step after `after_step` ended
+        (so new arrivals can join soon), or the timeout."""
+        ids = list(request_ids)
+        deadline = self._clock() + timeout_s
+
+        def ready() -> bool:
+            if self.steps > after_step:
+                return True
+            return any((box := self._outboxes.get(i)) is not None and (box.pending or box.ended) for i in ids)
+
+        with self._changed:
+            while not ready():
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    return
+                self._changed.wait(remaining)
+
+    def drain_records(self) -> list[StepRecord]:
+        with self._changed:
+            records, self._records = self._records, []
+        return records
+
+    def step_running_for(self) -> float:
+        """Seconds the current step has been running; 0 between steps."""
+        started = self._step_started
+        return 0.0 if started is None else self._clock() - started
+
+    @property
+    def occupied(self) -> int:
+        return self.scheduler.occupied
+
+    @property
+    def waiting(self) -> int:
+        return self.scheduler.waiting
+
+    # -- the thread ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="step-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._stopping and self.scheduler.idle and not self._aborts:
+                    self._changed.wait()
+                if self._stopping:
+                    return
             try:
-                self.backend.generate([s.row for s in sequences], backend_streamer, lambda i: sequences[i].finished)
-            except BaseException as exc:
-                failure.append(exc)
-            finally:
-                streamer.end()
+                self.step()
+            except Exception:  # step() answers failures per sequence; this is a bug: keep serving
+                logger.exception("engine step failed")
 
-        worker = threading.Thread(target=generate, name="generate", daemon=True)
-        worker.start()
+    # -- one step ------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one step; False when there was nothing to do."""
+        self._step_started = self._clock()
         try:
-            for step in streamer:
-                for sequence, token_id in zip(sequences, step, strict=False):
-                    if not sequence.finished:
-                        delta = sequence.append(token_id)
-                        if delta:
-                            on_text(sequence, delta)
-                        if sequence.finished and on_finished:
-                            on_finished(sequence)
-        except EngineError as exc:
-            failure.append(exc)
-        worker.join(timeout=self.step_timeout_s)
-        if failure:
-            logger.error("generation failed for a micro-batch of %d", len(sequences), exc_info=failure[0])
-            error = (
-                failure[0] if isinstance(failure[0], EngineError) else EngineError(f"generation failed: {failure[0]}")
-            )
-            for sequence in sequences:
-                sequence.fail(error)
+            return self._step()
+        finally:
+            self._step_started = None
+
+    def _step(self) -> bool:
+        with self._changed:
+            released = self._apply_aborts()
+            admitted = self.scheduler.schedule()
+        for slot in released:
+            self._release(slot)
+        if not admitted and not self.scheduler.occupied:
+            self._finish_step(None, None, 0, 0)
+            return bool(released)
+        prefill_s = self._prefill(admitted) if admitted else None
+        live = self.scheduler.running()
+        decode_s = self._decode(live) if live else None
+        self._finish_step(prefill_s, decode_s, len(admitted), len(live))
+        return True
+
+    def _apply_aborts(self) -> list[int]:
+        released = []
+        for request_id in self._aborts:
+            box = self._outboxes.pop(request_id, None)
+            dropped = self.scheduler.abort(request_id)
+            if dropped is not None and dropped[0] is not None:
+                released.append(dropped[0])
+            if box is not None:
+                logger.info("request %s cancelled by its client", request_id)
+        self._aborts.clear()
+        return released
+
+    def _prefill(self, admitted) -> float:
+        now = self._clock()
+        for a in admitted:
+            a.item.admitted_at = now
+        started = self._clock()
+        try:
+            choices = self.backend.prefill([a.item.slot_request(a.slot) for a in admitted])
+        except Exception as exc:
+            self._fail([(a.slot, a.item) for a in admitted], exc, "prefill")
+            return self._clock() - started
+        elapsed = self._clock() - started
+        self._deliver([(a.slot, a.item) for a in admitted], choices)
+        return elapsed
+
+    def _decode(self, live: list[tuple[int, Sequence]]) -> float:
+        started = self._clock()
+        try:
+            failpoints.check_decode((s.request.prompt, s.completion_tokens) for _, s in live)
+            choices = self.backend.decode([slot for slot, _ in live])
+        except Exception as exc:
+            self._fail(live, exc, "decode")
+            return self._clock() - started
+        elapsed = self._clock() - started
+        self._deliver(live, choices)
+        return elapsed
+
+    def _deliver(self, rows: list[tuple[int, Sequence]], choices: list[TokenChoice]) -> None:
+        if len(choices) != len(rows):
+            self._fail(rows, RuntimeError(f"the backend returned {len(choices)} tokens for {len(rows)} slots"), "step")
             return
-        for sequence in sequences:
-            if sequence.finished:
-                continue
-            delta = sequence.end()
-            if delta:
-                on_text(sequence, delta)
-            if on_finished:
-                on_finished(sequence)
+        ended = []
+        with self._tokenizer_lock:
+            deltas = [sequence.take(choice) for (_, sequence), choice in zip(rows, choices, strict=False)]
+        with self._changed:
+            for (slot, sequence), delta in zip(rows, deltas, strict=False):
+                box = self._outboxes.get(sequence.request_id)
+                if box is not None and delta:
+                    box.pending.append(delta)
+                if sequence.finished:
+                    ended.append(slot)
+                    self.scheduler.finish(sequence.request_id)
+                    if box is not None:
+                        box.ended = True
+        for slot in ended:
+            self._release(slot)
+
+    def _fail(self, rows: list[tuple[int, Sequence]], exc: BaseException, what: str) -> None:
+        logger.error("%s failed for %d sequence(s)", what, len(rows), exc_info=exc)
+        error = exc if isinstance(exc, EngineError) else EngineError(f"generation failed: {exc}")
+        with self._changed:
+            for _, sequence in rows:
+                sequence.fail(error)
+                self.scheduler.finish(sequence.request_id)
+                box = self._outboxes.get(sequence.request_id)
+                if box is not None:
+                    box.ended = True
+        for slot, _ in rows:
+            self._release(slot)
+
+    def _release(self, slot: int) -> None:
+        try:
+            self.backend.release(slot)
+        except Exception:
+            logger.exception("releasing slot %d failed", slot)
+
+    def _finish_step(self, prefill_s: float | None, decode_s: float | None, prefilled: int, decoded: int) -> None:
+        with self._changed:
+            if prefilled or decoded:
+                self.steps += 1
+                self._records.append(
+                    StepRecord(prefill_s, decode_s, prefilled, decoded, self.scheduler.occupied, self.scheduler.waiting)
+                )
+                del self._records[:-1000]  # nobody drains them outside TorchServe
+            self._changed.notify_all()

@@ -3,9 +3,9 @@
 The archiver copies this file to the archive root, next to the `handler/` package,
 and TorchServe puts the archive root on sys.path, so `import handler...` works.
 
-A thin adapter: TorchServe hands over a batch; `MicroBatching` splits it into
-micro-batches and runs our preprocess / inference / postprocess on its threads;
-the logic lives in the modules imported below.
+A thin adapter: by `scheduler.mode`, TorchServe's calls go to the continuous-batching
+engine (handler/continuous.py, `continuousBatching: true`) or to the static
+micro-batching path (handler/static_mode.py); the logic lives in those modules.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ if os.path.isdir(_BUNDLED_DEPS) and _BUNDLED_DEPS not in sys.path:
 
 from ts.torch_handler.base_handler import BaseHandler
 
-from handler.batching import IndexedMicroBatching
 from handler.service import GenerationService
 
 logger = logging.getLogger(__name__)
@@ -37,29 +36,27 @@ logger = logging.getLogger(__name__)
 class Inf2StreamingHandler(BaseHandler):
     def __init__(self) -> None:
         super().__init__()
-        self.service: GenerationService | None = None
-        # TorchServe reads `handle` before initialize(); sizes are set there.
-        self.handle = IndexedMicroBatching(self)
+        self.serving = None  # ContinuousServing or StaticServing, by scheduler.mode
 
     def initialize(self, context) -> None:
         self.context = context
-        self.service = GenerationService.from_context(context)
-        micro = self.service.config.micro_batching
-        self.handle.micro_batch_size = micro.micro_batch_size
-        self.handle.parallelism = micro.parallelism.model_dump()
+        service = GenerationService.from_context(context)
+        if service.config.scheduler.mode == "continuous":
+            from handler.continuous import ContinuousServing
+
+            self.serving = ContinuousServing(service)
+        else:
+            from handler.static_mode import StaticServing
+
+            self.serving = StaticServing(service, context)
         self.initialized = True
 
-    def preprocess(self, indexed_rows):
-        return self.service.prepare(indexed_rows, self.context)
-
-    def inference(self, work, *args, **kwargs):
-        return self.service.generate(work, self.context)
-
-    def postprocess(self, work):
-        return self.service.finish(work, self.context)
+    def handle(self, data, context):
+        """TorchServe's entry point (bound before initialize(), so it dispatches)."""
+        return self.serving.handle(data, context)
 
     def shutdown(self) -> None:
-        """Stop MicroBatching's threads (they are not daemons) and release the model."""
-        self.handle.shutdown()
-        if self.service is not None:
-            self.service.close()
+        """Stop the engine's or MicroBatching's threads and release the model."""
+        if self.serving is not None:
+            self.serving.shutdown()
+            self.serving.service.close()

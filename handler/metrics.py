@@ -5,9 +5,17 @@ Per request (when it finishes successfully):
   llm_inter_token_latency_seconds  (last token - first token) / (tokens - 1), as guidellm
                                    computes ITL; not reported for one-token requests
   llm_generated_tokens             completion tokens (a counter: rate() is output tok/s)
-  llm_queue_wait_seconds           from arrival to the start of its micro-batch's generate
-Per micro-batch:
+  llm_queue_wait_seconds           static: from arrival to the start of its micro-batch;
+                                   continuous: from the handler receiving it to getting a slot
+Per micro-batch (static mode):
   llm_micro_batch_fill_ratio       real rows / compiled batch size
+Continuous mode, per handler call / engine step:
+  llm_slots_occupied               slots holding a sequence (gauge, after the call)
+  llm_requests_waiting             requests waiting for a slot (gauge)
+  llm_prefill_step_seconds         one step's prefills (all rows admitted in that step)
+  llm_decode_step_seconds          one decode step over the live slots
+  llm_frontend_round_trip_seconds  from one handler reply to the frontend's next call
+  llm_cancelled_requests           requests whose client went away before the end (counter)
 
 "Arrival" is the `X-Request-Start` request header when a client or proxy sets it
 (`t=<unix seconds>` or plain unix seconds; milliseconds and microseconds are recognised
@@ -27,12 +35,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ts.metrics.metric_type_enum import MetricTypes
 
 from handler.sequence import Sequence
+
+if TYPE_CHECKING:
+    from handler.engine import StepRecord
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +63,25 @@ ITL = MetricSpec("llm_inter_token_latency_seconds", "s", MetricTypes.HISTOGRAM)
 GENERATED_TOKENS = MetricSpec("llm_generated_tokens", "count", MetricTypes.COUNTER)
 QUEUE_WAIT = MetricSpec("llm_queue_wait_seconds", "s", MetricTypes.HISTOGRAM)
 FILL = MetricSpec("llm_micro_batch_fill_ratio", "ratio", MetricTypes.HISTOGRAM)
-ALL_METRICS = (TTFT, ITL, GENERATED_TOKENS, QUEUE_WAIT, FILL)
+OCCUPIED = MetricSpec("llm_slots_occupied", "count", MetricTypes.GAUGE)
+WAITING = MetricSpec("llm_requests_waiting", "count", MetricTypes.GAUGE)
+PREFILL_STEP = MetricSpec("llm_prefill_step_seconds", "s", MetricTypes.HISTOGRAM)
+DECODE_STEP = MetricSpec("llm_decode_step_seconds", "s", MetricTypes.HISTOGRAM)
+ROUND_TRIP = MetricSpec("llm_frontend_round_trip_seconds", "s", MetricTypes.HISTOGRAM)
+CANCELLED = MetricSpec("llm_cancelled_requests", "count", MetricTypes.COUNTER)
+ALL_METRICS = (
+    TTFT,
+    ITL,
+    GENERATED_TOKENS,
+    QUEUE_WAIT,
+    FILL,
+    OCCUPIED,
+    WAITING,
+    PREFILL_STEP,
+    DECODE_STEP,
+    ROUND_TRIP,
+    CANCELLED,
+)
 
 
 @dataclass(frozen=True)
@@ -129,6 +159,23 @@ class TokenMetrics:
         if figures.itl_s is not None:
             self._emit(context, ITL, figures.itl_s)
         self._emit(context, GENERATED_TOKENS, figures.generated_tokens)
+        if sequence.admitted_at is not None:
+            self._emit(context, QUEUE_WAIT, max(0.0, sequence.admitted_at - sequence.received_at))
+
+    def engine_steps(self, context: Any, records: Iterable[StepRecord], occupied: int, waiting: int) -> None:
+        for record in records:
+            if record.prefill_s is not None:
+                self._emit(context, PREFILL_STEP, record.prefill_s)
+            if record.decode_s is not None:
+                self._emit(context, DECODE_STEP, record.decode_s)
+        self._emit(context, OCCUPIED, occupied)
+        self._emit(context, WAITING, waiting)
+
+    def round_trip(self, context: Any, seconds: float) -> None:
+        self._emit(context, ROUND_TRIP, seconds)
+
+    def cancelled(self, context: Any) -> None:
+        self._emit(context, CANCELLED, 1)
 
     def _emit(self, context: Any, spec: MetricSpec, value: float) -> None:
         try:

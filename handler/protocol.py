@@ -13,50 +13,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from handler.errors import InvalidRequest
+from handler.request import GenerationRequest, Limits, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 4
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to pick each next token; `do_sample=False` is greedy."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One validated request; everything downstream trusts it."""
-
-    prompt: str
-    max_new_tokens: int
-    sampling: SamplingParams = SamplingParams()
-    stop: tuple[str, ...] = ()
-    stream: bool = True
-    ignore_eos: bool = False
-    # False for a prompt that already holds its special tokens (a rendered chat template).
-    add_special_tokens: bool = True
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the deployment allows; from the handler config."""
-
-    default_max_new_tokens: int
-    max_new_tokens: int
 
 
 class GenerationParameters(BaseModel):

@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from handler.backends.base import RowSpec
+from handler.backends.base import SlotRequest, TokenChoice
 from handler.detokenizer import IncrementalDetokenizer
 from handler.errors import ServingError
-from handler.protocol import GenerationRequest
+from handler.request import GenerationRequest
 from handler.stops import StopStringMatcher
 
 
@@ -46,6 +46,8 @@ class Sequence:
     error: ServingError | None = None
     completion_tokens: int = 0
     text: list[str] = field(default_factory=list)
+    choices: list[TokenChoice] = field(default_factory=list)  # kept when the request asked for logprobs
+    admitted_at: float | None = None  # given a slot (continuous) or its micro-batch started (static)
     first_token_at: float | None = None
     last_token_at: float | None = None
 
@@ -53,15 +55,20 @@ class Sequence:
         self._detokenizer = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
         self._stops = StopStringMatcher(self.request.stop)
 
-    @property
-    def row(self) -> RowSpec:
-        return RowSpec(
-            tuple(self.prompt_ids), self.request.max_new_tokens, self.request.sampling, self.request.ignore_eos
-        )
+    def slot_request(self, slot: int) -> SlotRequest:
+        """What the backend needs to prefill this sequence into `slot`."""
+        request = self.request
+        return SlotRequest(slot, tuple(self.prompt_ids), request.sampling, request.ignore_eos, request.logprobs)
 
     @property
     def finished(self) -> bool:
         return self.state is not State.RUNNING
+
+    def take(self, choice: TokenChoice) -> str:
+        """Take one step's token from the backend; return the text that may be sent now."""
+        if self.request.logprobs is not None:
+            self.choices.append(choice)
+        return self.append(choice.token_id)
 
     def append(self, token_id: int) -> str:
         """Take one generated token; return the text that may be sent now."""
@@ -78,10 +85,6 @@ class Sequence:
             return self._finish(FinishReason.LENGTH, delta)
         self.text.append(delta)
         return delta
-
-    def end(self) -> str:
-        """Generation stopped without this row deciding (the batch's position budget ran out)."""
-        return "" if self.finished else self._finish(FinishReason.LENGTH)
 
     def fail(self, error: ServingError) -> None:
         if not self.finished:

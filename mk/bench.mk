@@ -1,14 +1,20 @@
-# make bench                 sim backend, Llama-2-7B inf2.48xlarge profile: table + P1, P2, P3
-# make bench BACKEND=hf      small random Llama on CPU: served vs in-process generate, P5
-# make bench BENCH_ARGS="--poisson-requests 100 --output-tokens 64"
-# The bench starts its own torchserve (own ports, config.properties and TMPDIR under
-# build/bench/) and stops it; results go to bench_results/bench-<backend>.{json,png}.
+# make bench                 sim backend, Llama-2-7B inf2.48xlarge profile: torchserve in each scheduler
+#                            mode (continuous, then static), the same loads and a Poisson sweep from 10 % to
+#                            95 % of capacity; tables with the discrete-event limit, P1-P4 (about 8 min)
+# make bench BACKEND=hf      small random Llama on CPU, continuous mode, served vs in-process: P5
+# make bench BENCH_LONG=1    a longer sweep: 11 loads, 4x the requests (about 40 min)
+# make bench BENCH_ARGS="--modes continuous --sweep none"   only the ratios' loads, one mode (P1-P3)
+# make bench BENCH_ARGS="--time-scale 0.5"                   every simulated time halved (ratios unchanged)
+# The bench starts its own torchserve per mode (own ports, config.properties and TMPDIR under
+# build/bench/<backend>/<mode>/) and stops it; results go to bench_results/bench-<backend>.{json,png}.
+# The policy reference alone: $(PY) scripts/bench_des.py --profile $(BENCH_PROFILE)
 BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
+BENCH_LONG ?=
 BENCH_ARGS ?=
 
 .PHONY: bench
 
 bench: venv model
 	$(PY) scripts/bench_suite.py --backend $(BACKEND) --profile $(BENCH_PROFILE) \
-		--model-dir $(DEFAULT_MODEL_DIR) --workdir $(BUILD)/bench $(BENCH_ARGS)
+		--model-dir $(DEFAULT_MODEL_DIR) --workdir $(BUILD)/bench $(if $(BENCH_LONG),--long) $(BENCH_ARGS)

@@ -2,7 +2,7 @@
 #   make neuron-venv VENV=$VIRTUAL_ENV
 #   make checkpoint HF_MODEL=/models/Llama-2-7b-hf MODEL_DIR=models/llama-2-7b VENV=$VIRTUAL_ENV
 #   make compile archive serve MODEL_DIR=models/llama-2-7b MODEL_CONFIG=model-config-inf2.yaml VENV=$VIRTUAL_ENV
-# docs/readme-inferentia2.md walks through it.
+# docs/inferentia2.md walks through it.
 
 HF_MODEL ?=
 CHECKPOINT_FORMAT ?= safetensors

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_stats import LoadSummary, format_table, summarize
+from bench_stats import LoadSummary, arrival_offsets, format_table, summarize
 from client import auth_headers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -179,9 +179,12 @@ class Load:
     requests: int
     streams: int = 1
     rate: float = 0.0  # req/s for constant / poisson
+    label: str = ""  # the name in tables and results, instead of the generated one
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         if self.kind == "synchronous":
             return "synchronous"
         if self.kind == "concurrent":
@@ -248,12 +251,8 @@ async def run_load(target: Target, load: Load, workload: Workload) -> list[Reque
 
             await asyncio.gather(*(stream() for _ in range(load.streams)))
         else:
-            rng = random.Random(workload.seed + 2)
+            offsets = arrival_offsets(load.kind, load.rate, load.requests, workload.seed + 2)  # as bench_des
             start = time.perf_counter()
-            offsets, t = [], 0.0
-            for _ in range(load.requests):
-                offsets.append(t)
-                t += rng.expovariate(load.rate) if load.kind == "poisson" else 1.0 / load.rate
             tasks = []
             for i, offset in enumerate(offsets):
                 delay = start + offset - time.perf_counter()

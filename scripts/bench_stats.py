@@ -6,11 +6,15 @@ A request's figures, all from the client's clock:
   latency  end of the response - request sent
 Per load: output tokens/s and requests/s over the load's duration (first request sent to
 last response ended), counting successful requests only.
+
+Also shared by the client (scripts/bench.py) and the discrete-event reference
+(scripts/bench_des.py): the arrival times of an open load, and the sweep's points.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -24,6 +28,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     pos = (len(data) - 1) * q / 100
     lo, hi = math.floor(pos), math.ceil(pos)
     return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def arrival_offsets(kind: str, rate: float, requests: int, seed: int) -> list[float]:
+    """Send times (s from the load's start) of an open load: the first at 0, then gaps of
+    1/rate (constant) or exponential with mean 1/rate (poisson) from Random(seed)."""
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(requests):
+        out.append(t)
+        t += rng.expovariate(rate) if kind == "poisson" else 1.0 / rate
+    return out
 
 
 @dataclass(frozen=True)
@@ -110,17 +124,66 @@ def from_dict(data: dict[str, Any]) -> LoadSummary:
     return LoadSummary(**fields)
 
 
-def format_table(summaries: Sequence[LoadSummary]) -> str:
+def format_table(summaries: Sequence[LoadSummary], limits: Sequence[LoadSummary | None] | None = None) -> str:
+    """One line per load; with `limits` (the same loads simulated, one per summary or None),
+    three more columns: the limit's TTFT p50, ITL p50 and output tok/s."""
+    width = max([20, *(len(s.name) + 1 for s in summaries)])
     header = (
-        f"{'load':<20} {'ok/fail':>9} {'req/s':>7} {'out tok/s':>9} "
+        f"{'load':<{width}} {'ok/fail':>9} {'req/s':>7} {'out tok/s':>9} "
         f"{'TTFT ms p50/p90/p99':>22} {'ITL ms p50/p90/p99':>20} {'latency s p50/p90/p99':>22}"
     )
+    if limits is not None:
+        header += f" | {'limit TTFT':>10} {'ITL':>6} {'tok/s':>7}"
     lines = [header, "-" * len(header)]
-    for s in summaries:
+    for n, s in enumerate(summaries):
         t, i, e = s.ttft_ms, s.itl_ms, s.latency_s
-        lines.append(
-            f"{s.name:<20} {f'{s.requests_ok}/{s.requests_failed}':>9} {s.requests_per_s:>7.2f} "
+        line = (
+            f"{s.name:<{width}} {f'{s.requests_ok}/{s.requests_failed}':>9} {s.requests_per_s:>7.2f} "
             f"{s.output_tokens_per_s:>9.1f} {f'{t.p50:.1f}/{t.p90:.1f}/{t.p99:.1f}':>22} "
             f"{f'{i.p50:.2f}/{i.p90:.2f}/{i.p99:.2f}':>20} {f'{e.p50:.2f}/{e.p90:.2f}/{e.p99:.2f}':>22}"
         )
+        limit = limits[n] if limits is not None and n < len(limits) else None
+        if limit is not None:
+            line += f" | {limit.ttft_ms.p50:>10.1f} {limit.itl_ms.p50:>6.2f} {limit.output_tokens_per_s:>7.1f}"
+        lines.append(line)
     return "\n".join(lines)
+
+
+# -- the sweep -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepPoint:
+    """One open load of a sweep: offered load as a fraction of capacity, and what it gave."""
+
+    fraction: float
+    rate: float
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    itl_p50_ms: float
+    output_tokens_per_s: float
+
+    @classmethod
+    def of(cls, summary: LoadSummary, capacity: float) -> SweepPoint:
+        return cls(
+            summary.offered_rate / capacity,
+            summary.offered_rate,
+            summary.ttft_ms.p50,
+            summary.ttft_ms.p90,
+            summary.itl_ms.p50,
+            summary.output_tokens_per_s,
+        )
+
+
+def sweep_points(summaries: Sequence[LoadSummary], capacity: float) -> list[SweepPoint]:
+    """The open (poisson / constant) loads, by offered load."""
+    open_loads = [s for s in summaries if s.kind in ("poisson", "constant")]
+    return sorted((SweepPoint.of(s, capacity) for s in open_loads), key=lambda p: p.fraction)
+
+
+def knee(points: Sequence[SweepPoint], idle_ttft_ms: float, factor: float = 2.0, tail: bool = False) -> float | None:
+    """The lowest offered load (fraction of capacity) whose TTFT p50 (p90 with `tail`)
+    exceeds `factor` x the idle TTFT p50, or None when no point does: where waiting for a
+    slot or a batch starts to dominate the first token."""
+    for p in sorted(points, key=lambda p: p.fraction):
+        if (p.ttft_p90_ms if tail else p.ttft_p50_ms) > factor * idle_ttft_ms:
+            return p.fraction
+    return None

@@ -1,45 +1,110 @@
-"""`make bench`: reference, server, loads, ratios, all in one run.
+"""`make bench`: both scheduler modes served, the policy limits, the ratios, one sweep.
 
-sim (default): the bare-backend reference is the profile; the server runs the `sim`
-backend with the profile; loads are synchronous, concurrent at the compiled batch size,
-and Poisson at `--load-fraction` of capacity, where capacity (req/s) is the ideal
-`batch_size / step(batch_size)` tokens/s divided by the mean output length. Ratios:
-  P1 = served ITL p50, one stream / profile step at batch 1              (goal <= 1.05)
-  P2 = served output tok/s, batch_size streams / ideal tok/s             (goal >= 0.90)
-  P3 = TTFT p50 at 70% of capacity / TTFT p50 idle (synchronous)         (goal <= 1.5)
-hf: a small random Llama (a few million parameters) measured in-process with `generate`
-(best of three, before and after the served loads), then served; synchronous and
-concurrent-at-batch-size loads. Ratio:
-  P5 = served output tok/s / in-process generate tok/s at the same batch size (goal >= 0.90)
-Each ratio is printed last, on its own line: `P2 0.93`.
+sim (default): the server runs the `sim` backend (a compiled Inferentia model timed by the
+profile). The suite starts torchserve once per mode with a generated model-config:
+  continuous  continuousBatching: true, batchSize 2 x n_slots, maxBatchDelay 0,
+              scheduler {mode: continuous, n_slots, prefill_token_budget, overlap}
+  static      batchSize = micro_batch_size = n_slots, maxBatchDelay 20 ms, scheduler.mode static
+and sends each the same loads: one stream (synchronous), B = n_slots concurrent streams,
+then Poisson loads at fractions of capacity (the sweep). Capacity (req/s) is the same for
+both modes: the discrete-event `continuous` policy's saturated throughput for the
+workload's lengths (scripts/bench_des.py). Every load is also simulated by bench_des for
+the mode's policy, same arrival times, zero overhead: the `limit` columns.
+Ratios (continuous mode unless said):
+  P1 = served ITL p50, one stream / profile decode step at batch 1              (goal <= 1.05)
+  P2 = served output tok/s, B streams / DES continuous tok/s, same load          (goal >= 0.95)
+  P3 = TTFT p50 at 70% of capacity / TTFT p50 idle (one stream)                  (goal <= 1.5)
+  P4 = TTFT p50 at 50% of capacity, static / continuous                          (goal >= 10)
+hf: a small random Llama (a few million parameters) on CPU, continuous mode, served at one
+stream and at B = 4 streams; scripts/bench_backend.py (its CLI) measures the backend's own
+step loop in-process, best of three, before and after the served loads:
+  P5 = served output tok/s / in-process tok/s at the same batch                  (goal >= 0.90)
+Each ratio is printed last, on its own line, with its goal and its figures: `P2 0.96 ...`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
+import math
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_des as des
 import bench_server
-from bench import Lengths, Load, PromptMaker, Target, Workload, run_all, write_results
-from bench_backend import reference
-from bench_des import p3 as des_p3
-from bench_stats import LoadSummary, format_table
+from bench import Lengths, Load, PromptMaker, Target, Workload, run_all
+from bench_stats import LoadSummary, SweepPoint, format_table, knee, sweep_points
 
-from handler.backends.sim_profile import load_profile  # scripts above put the repository on sys.path
+from handler.backends.sim_profile import Profile, load_profile  # bench_des put the repository on sys.path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PROFILE = REPO / "profiles" / "llama-2-7b-inf2-48xl-tp24.yaml"
 HF_BATCH = 4
+MODES = ("continuous", "static")
+DEFAULT_SWEEP = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
+LONG_SWEEP = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 METRIC_NAMES = ("llm_time_to_first_token_seconds", "llm_inter_token_latency_seconds", "llm_queue_wait_seconds")
+GOALS: dict[str, tuple[str, float]] = {
+    "P1": ("<=", 1.05),
+    "P2": (">=", 0.95),
+    "P3": ("<=", 1.5),
+    "P4": (">=", 10.0),
+    "P5": (">=", 0.90),
+}
+
+
+# -- model configs -----------------------------------------------------------------------
+def with_scheduler(
+    config: dict[str, Any],
+    mode: str,
+    n_slots: int,
+    prefill_token_budget: int = des.DEFAULT_BUDGET,
+    overlap: bool = True,
+    max_batch_delay_ms: float = 20,
+    in_flight: int | None = None,
+) -> dict[str, Any]:
+    """`config` set up for one scheduler mode.
+
+    continuous: batchSize is the requests TorchServe keeps in the worker (slots + the
+    engine's waiting FIFO). 2 x n_slots lets the engine refill every slot at the very next
+    step even when all of them end together (a fixed-length batch does), without waiting a
+    round trip to the frontend; more would only hold requests in one worker that the
+    frontend queue holds just as well (FIFO either way). maxBatchDelay 0, as TorchServe's
+    inf2 continuous-batching example: with requests in flight the frontend never waits, and
+    a lone request should not wait for company.
+    static: today's TorchServe batching, batchSize = micro_batch_size = n_slots."""
+    out = copy.deepcopy(config)
+    micro = out.setdefault("micro_batching", {})
+    micro["micro_batch_size"] = n_slots  # continuous ignores it; bench_backend reads it for the batch
+    micro.setdefault("parallelism", {"preprocess": 2, "inference": 1, "postprocess": 2})
+    if mode == "continuous":
+        out["continuousBatching"] = True
+        out["batchSize"] = in_flight or 2 * n_slots
+        out["maxBatchDelay"] = 0
+        out["scheduler"] = {
+            "mode": "continuous",
+            "n_slots": n_slots,
+            "prefill_token_budget": prefill_token_budget,
+            "overlap": overlap,
+        }
+    elif mode == "static":
+        out.pop("continuousBatching", None)
+        out["batchSize"] = n_slots
+        out["maxBatchDelay"] = max_batch_delay_ms
+        out["scheduler"] = {"mode": "static", "n_slots": n_slots}
+    else:
+        raise ValueError(f"unknown scheduler mode {mode!r}")
+    return out
 
 
 def sim_model_config(profile: Path, time_scale: float) -> dict[str, Any]:
@@ -50,11 +115,9 @@ def sim_model_config(profile: Path, time_scale: float) -> dict[str, Any]:
 
 
 def hf_model_config(batch: int) -> dict[str, Any]:
-    return {
+    base = {
         "minWorkers": 1,
         "maxWorkers": 1,
-        "batchSize": batch,
-        "maxBatchDelay": 20,
         "responseTimeout": 120,
         "handler": {
             "model_checkpoint_dir": "model",
@@ -64,11 +127,8 @@ def hf_model_config(batch: int) -> dict[str, Any]:
             "default_max_new_tokens": 64,
             "max_new_tokens": 512,
         },
-        "micro_batching": {
-            "micro_batch_size": batch,
-            "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2},
-        },
     }
+    return with_scheduler(base, "continuous", batch)
 
 
 def small_model(workdir: Path) -> Path:
@@ -83,18 +143,236 @@ def small_model(workdir: Path) -> Path:
     return out
 
 
-def compute_ratios(backend: str, ref: dict[str, Any], by_kind: dict[str, LoadSummary]) -> dict[str, float]:
-    sync, conc, rated = by_kind.get("synchronous"), by_kind.get("concurrent"), by_kind.get("poisson")
-    ratios: dict[str, float] = {}
-    if backend == "sim":
-        if sync:
-            ratios["P1"] = sync.itl_ms.p50 / ref["step_1_ms"]
-        if conc:
-            ratios["P2"] = conc.output_tokens_per_s / ref["ideal_tokens_per_s"]
-        if sync and rated:
-            ratios["P3"] = rated.ttft_ms.p50 / sync.ttft_ms.p50
-    elif conc:
-        ratios["P5"] = conc.output_tokens_per_s / ref["generate_tokens_per_s"]
+def backend_reference(
+    config: dict[str, Any], model_dir: Path, workdir: Path, prompt_tokens: int, output_tokens: int, repeats: int
+) -> dict[str, Any]:
+    """scripts/bench_backend.py's CLI in its own process; its JSON (batch_size, step_1_ms,
+    generate_tokens_per_s: the backend's own loop at the batch size, in-process)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "reference-config.yaml"
+    config = config | {"handler": {**config["handler"], "model_checkpoint_dir": str(model_dir)}}
+    path.write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_backend.py"), "--config", str(path)]
+    cmd += ["--model-dir", str(model_dir), "--prompt-tokens", str(prompt_tokens)]
+    cmd += ["--output-tokens", str(output_tokens), "--repeats", str(repeats)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench_backend.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return parse_json_output(proc.stdout)
+
+
+def parse_json_output(stdout: str) -> dict[str, Any]:
+    """The JSON object a script printed, skipping any lines before it."""
+    lines = stdout.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("{"):
+            return json.loads("\n".join(lines[i:]))
+    raise ValueError(f"no JSON object in the output: {stdout[-500:]!r}")
+
+
+# -- loads -------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """What each mode is sent: the loads, and each open load's fraction of capacity."""
+
+    loads: list[Load]
+    fractions: dict[str, float]  # load name -> offered / capacity
+
+
+def plan_loads(
+    capacity: float | None,
+    streams: int,
+    sync_requests: int,
+    concurrent_rounds: int,
+    sweep: Sequence[float] = DEFAULT_SWEEP,
+    ratio_fractions: Sequence[float] = (0.5, 0.7),
+    ratio_requests: int = 100,
+    sweep_seconds: float = 15.0,
+    sweep_min_requests: int = 12,
+) -> Plan:
+    """Synchronous, concurrent at `streams`, then (with a capacity) one Poisson load per
+    fraction, lowest first: max(sweep_min_requests, rate x sweep_seconds) requests, and at
+    least `ratio_requests` at the fractions a ratio reads (P3, P4)."""
+    loads = [Load("synchronous", sync_requests), Load("concurrent", streams * concurrent_rounds, streams)]
+    fractions: dict[str, float] = {}
+    if capacity:
+        for f in sorted({*sweep, *ratio_fractions}):
+            rate = f * capacity
+            n = max(sweep_min_requests, round(rate * sweep_seconds))
+            if any(math.isclose(f, r) for r in ratio_fractions):
+                n = max(n, ratio_requests)
+            load = Load("poisson", n, rate=rate, label=f"poisson {f:.0%} {rate:.2f}/s")
+            loads.append(load)
+            fractions[load.name] = f
+    return Plan(loads, fractions)
+
+
+@dataclass
+class ModeRun:
+    """One mode's served loads and, for sim, the same loads simulated (its policy limit)."""
+
+    mode: str
+    config: dict[str, Any]
+    served: list[LoadSummary]
+    limits: list[LoadSummary | None]
+    fractions: dict[str, float]
+    handler_metrics: dict[str, float] = field(default_factory=dict)
+
+    def kind(self, kind: str) -> tuple[LoadSummary, LoadSummary | None] | None:
+        for s, lim in zip(self.served, self.limits, strict=True):
+            if s.kind == kind:
+                return s, lim
+        return None
+
+    def at(self, fraction: float) -> tuple[LoadSummary, LoadSummary | None] | None:
+        for s, lim in zip(self.served, self.limits, strict=True):
+            if s.name in self.fractions and math.isclose(self.fractions[s.name], fraction):
+                return s, lim
+        return None
+
+    def to_dict(self, capacity: float | None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "config": self.config,
+            "fractions": self.fractions,
+            "handler_metrics_mean_s": self.handler_metrics,
+            "loads": [s.to_dict() for s in self.served],
+            "limits": [lim.to_dict() if lim else None for lim in self.limits],
+        }
+        if capacity:
+            out["sweep"] = [asdict(p) for p in sweep_points(self.served, capacity)]
+            out["sweep_limit"] = [asdict(p) for p in sweep_points([x for x in self.limits if x], capacity)]
+        return out
+
+
+def des_limits(
+    profile: Profile, policy: des.Policy, loads: Sequence[Load], shape: des.Shape, seed: int
+) -> list[LoadSummary]:
+    """Each load simulated under `policy`: same kinds, counts and (open loads) arrival times."""
+    return [
+        des.run(profile, policy, des.Load(x.kind, x.requests, x.streams, x.rate, arrival_seed=seed + 2), shape, x.name)
+        for x in loads
+    ]
+
+
+# -- the ratios --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ratio:
+    name: str
+    value: float
+    numerator: str  # the measured figure, with its unit and where it comes from
+    denominator: str
+    limit: float | None = None  # the same ratio in the discrete-event limit (zero overhead)
+
+    @property
+    def goal(self) -> str:
+        op, target = GOALS[self.name]
+        return f"{op} {target:g}"
+
+    @property
+    def met(self) -> bool:
+        op, target = GOALS[self.name]
+        return self.value <= target if op == "<=" else self.value >= target
+
+    def line(self) -> str:
+        text = f"{self.name} {self.value:.2f}  goal {self.goal} {'met' if self.met else 'NOT met'}"
+        text += f"  = {self.numerator} / {self.denominator}"
+        if self.limit is not None:
+            text += f"  (policy limit: {self.limit:.2f})"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "goal": self.goal, "met": self.met}
+
+
+def p1(sync: LoadSummary, step_1_ms: float) -> Ratio:
+    return Ratio(
+        "P1",
+        sync.itl_ms.p50 / step_1_ms,
+        f"served ITL p50 {sync.itl_ms.p50:.2f} ms (one stream)",
+        f"profile decode step(1) {step_1_ms:.2f} ms",
+        limit=1.0,
+    )
+
+
+def p2(concurrent: LoadSummary, limit: LoadSummary) -> Ratio:
+    return Ratio(
+        "P2",
+        concurrent.output_tokens_per_s / limit.output_tokens_per_s,
+        f"served {concurrent.output_tokens_per_s:.1f} tok/s ({concurrent.streams} streams)",
+        f"DES {limit.output_tokens_per_s:.1f} tok/s (same load)",
+        limit=1.0,
+    )
+
+
+def p3(
+    loaded: LoadSummary, idle: LoadSummary, fraction: float, limits: tuple[LoadSummary, LoadSummary] | None
+) -> Ratio:
+    return Ratio(
+        "P3",
+        loaded.ttft_ms.p50 / idle.ttft_ms.p50,
+        f"TTFT p50 {loaded.ttft_ms.p50:.1f} ms at {fraction:.0%} of capacity ({loaded.offered_rate:.2f} req/s)",
+        f"idle TTFT p50 {idle.ttft_ms.p50:.1f} ms (one stream)",
+        limit=limits[0].ttft_ms.p50 / limits[1].ttft_ms.p50 if limits else None,
+    )
+
+
+def p4(
+    static: LoadSummary, continuous: LoadSummary, fraction: float, limits: tuple[LoadSummary, LoadSummary] | None
+) -> Ratio:
+    return Ratio(
+        "P4",
+        static.ttft_ms.p50 / continuous.ttft_ms.p50,
+        f"static TTFT p50 {static.ttft_ms.p50:.1f} ms",
+        f"continuous TTFT p50 {continuous.ttft_ms.p50:.1f} ms, both at {fraction:.0%} of capacity "
+        f"({continuous.offered_rate:.2f} req/s)",
+        limit=limits[0].ttft_ms.p50 / limits[1].ttft_ms.p50 if limits else None,
+    )
+
+
+def p5(concurrent: LoadSummary, in_process_tokens_per_s: float) -> Ratio:
+    return Ratio(
+        "P5",
+        concurrent.output_tokens_per_s / in_process_tokens_per_s,
+        f"served {concurrent.output_tokens_per_s:.1f} tok/s ({concurrent.streams} streams)",
+        f"in-process {in_process_tokens_per_s:.1f} tok/s (batch {concurrent.streams})",
+    )
+
+
+def mode_ratios(run: ModeRun, step_1_ms: float, p3_fraction: float) -> list[Ratio]:
+    """P1, P2, P3 of one mode, each against that mode's own policy limit."""
+    out = []
+    sync, conc, loaded = run.kind("synchronous"), run.kind("concurrent"), run.at(p3_fraction)
+    if sync:
+        out.append(p1(sync[0], step_1_ms))
+    if conc and conc[1]:
+        out.append(p2(conc[0], conc[1]))
+    if sync and loaded:
+        limits = (loaded[1], sync[1]) if loaded[1] and sync[1] else None
+        out.append(p3(loaded[0], sync[0], p3_fraction, limits))
+    return out
+
+
+def compute_ratios(
+    backend: str,
+    runs: dict[str, ModeRun],
+    step_1_ms: float | None = None,
+    p3_fraction: float = 0.7,
+    p4_fraction: float = 0.5,
+    in_process_tokens_per_s: float | None = None,
+) -> list[Ratio]:
+    """sim: P1-P3 of the continuous mode, and P4 when both modes ran; hf: P5."""
+    ratios: list[Ratio] = []
+    cont = runs.get("continuous")
+    if backend != "sim":
+        conc = cont.kind("concurrent") if cont else None
+        if conc and in_process_tokens_per_s:
+            ratios.append(p5(conc[0], in_process_tokens_per_s))
+        return ratios
+    if cont and step_1_ms:
+        ratios += mode_ratios(cont, step_1_ms, p3_fraction)
+    static = runs.get("static")
+    if cont and static and (s := static.at(p4_fraction)) and (c := cont.at(p4_fraction)):
+        ratios.append(p4(s[0], c[0], p4_fraction, (s[1], c[1]) if s[1] and c[1] else None))
     return ratios
 
 
@@ -111,108 +389,313 @@ def handler_metrics(text: str) -> dict[str, float]:
     return {name: sums[name] / counts[name] for name in sums if counts.get(name)}
 
 
-def main() -> None:
+# -- results -----------------------------------------------------------------------------
+def write_suite_results(
+    out: Path,
+    meta: dict[str, Any],
+    runs: dict[str, ModeRun],
+    capacity: float | None,
+    title: str,
+    long_run: dict[str, list[SweepPoint]] | None = None,
+) -> tuple[Path, Path | None]:
+    """`<out>.json` (every figure and request) and, with a capacity and open loads,
+    `<out>.png`: the sweep, one curve per mode with its limits."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.with_suffix(".json")
+    modes = {mode: run.to_dict(capacity) for mode, run in runs.items()}
+    path.write_text(json.dumps({"meta": meta, "modes": modes}, indent=1))
+    png = None
+    if capacity:
+        curves = {mode: sweep_points(run.served, capacity) for mode, run in runs.items()}
+        if any(curves.values()):
+            from bench_plot import plot_sweep
+
+            limits = {mode: sweep_points([x for x in run.limits if x], capacity) for mode, run in runs.items()}
+            knees_served = meta.get("knees", {}).get("served")
+            png = plot_sweep(curves, out.with_suffix(".png"), capacity, title, limits, long_run, knees_served)
+    return path, png
+
+
+def long_run_points(ref: des.Reference, capacity: float, modes: Sequence[str]) -> dict[str, list[SweepPoint]]:
+    """The long-run policy table as sweep points, per mode (its policy)."""
+    return {m: sweep_points([by[m] for by in ref.loaded.values() if m in by], capacity) for m in modes}
+
+
+def knees(
+    runs: dict[str, ModeRun], capacity: float, long_run: dict[str, list[SweepPoint]] | None = None
+) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per mode, the lowest swept load whose TTFT p50 (p90) passes 2 x the idle TTFT p50:
+    served, the limit for the same loads, and the policy's long-run limit."""
+    out: dict[str, dict[str, dict[str, float | None]]] = {"served": {}, "limit": {}, "long_run": {}}
+    for mode, run in runs.items():
+        sync = run.kind("synchronous")
+        if not sync:
+            continue
+
+        def both(points: list[SweepPoint], idle_ms: float) -> dict[str, float | None]:
+            return {"p50": knee(points, idle_ms), "p90": knee(points, idle_ms, tail=True)}
+
+        out["served"][mode] = both(sweep_points(run.served, capacity), sync[0].ttft_ms.p50)
+        if sync[1]:
+            idle_limit = sync[1].ttft_ms.p50
+            out["limit"][mode] = both(sweep_points([x for x in run.limits if x], capacity), idle_limit)
+            if long_run and long_run.get(mode):
+                out["long_run"][mode] = both(long_run[mode], idle_limit)
+    return out
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or not all(0 < v < 1.5 for v in values):
+        raise argparse.ArgumentTypeError(f"bad fractions {text!r}: use e.g. 0.1,0.5,0.9 (of capacity) or none")
+    return values
+
+
+def _pct(value: float | None) -> str:
+    return "none" if value is None else f"{value:.0%}"
+
+
+def _knee_rows(knee_at: dict[str, dict[str, dict[str, float | None]]], mode: str) -> list[tuple[str, dict]]:
+    names = {"served": "served", "limit": "limit (same loads)", "long_run": "limit (long run)"}
+    return [(names[k], knee_at[k][mode]) for k in names if mode in knee_at.get(k, {})]
+
+
+# -- main --------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("sim", "hf"), default="sim")
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     parser.add_argument("--model-dir", type=Path, default=REPO / "models" / "tiny-llama", help="sim: tokenizer")
     parser.add_argument("--workdir", type=Path, default=REPO / "build" / "bench")
     parser.add_argument("--out", type=Path, help="result file stem (default bench_results/bench-<backend>)")
+    parser.add_argument("--modes", help="comma-separated: continuous,static (sim default) or continuous (hf)")
     parser.add_argument("--sync-requests", type=int, default=20)
+    parser.add_argument("--streams", type=int, help="concurrent streams for P2/P5 (default: n_slots)")
     parser.add_argument("--concurrent-rounds", type=int, default=10, help="requests per stream")
-    parser.add_argument("--poisson-requests", type=int, default=300)
-    parser.add_argument("--load-fraction", type=float, default=0.7)
+    parser.add_argument(
+        "--sweep", type=_fractions, help=f"Poisson loads, fractions of capacity (default {DEFAULT_SWEEP})"
+    )
+    parser.add_argument("--sweep-seconds", type=float, default=15.0, help="a sweep load's requests: rate x this")
+    parser.add_argument("--sweep-min-requests", type=int, default=12)
+    parser.add_argument("--poisson-requests", type=int, default=100, help="at least this many at P3's and P4's loads")
+    parser.add_argument("--long", action="store_true", help=f"sweep {LONG_SWEEP}, 4x the requests (about 40 min)")
+    parser.add_argument("--load-fraction", type=float, default=0.7, help="P3's load, of capacity")
+    parser.add_argument("--p4-fraction", type=float, default=0.5, help="P4's load, of capacity")
     parser.add_argument("--prompt-tokens", type=int, default=100)
     parser.add_argument("--prompt-spread", type=int, default=10)
     parser.add_argument("--output-tokens", type=int, help="default: 128 (sim), 64 (hf)")
-    parser.add_argument("--time-scale", type=float, default=1.0, help="sim: scales every simulated sleep")
+    parser.add_argument("--prefill-token-budget", type=int, default=des.DEFAULT_BUDGET)
+    parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True, help="scheduler.overlap")
+    parser.add_argument("--max-batch-delay-ms", type=float, default=20, help="static mode's maxBatchDelay")
+    parser.add_argument("--in-flight", type=int, help="continuous mode's batchSize (default 2 x n_slots)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="sim: scales every simulated sleep (> 0)")
+    parser.add_argument("--des-requests", type=int, default=5000, help="per load of the long-run policy table")
     parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.time_scale <= 0:
+        parser.error("--time-scale must be > 0 (the ratios divide by the profile's scaled times)")
 
     started = time.monotonic()
-    workdir = args.workdir.resolve() / args.backend
-    output_tokens = args.output_tokens or (128 if args.backend == "sim" else 64)
-    if args.backend == "sim":
-        model_dir, config = args.model_dir.resolve(), sim_model_config(args.profile, args.time_scale)
-    else:
-        model_dir, config = small_model(workdir), hf_model_config(HF_BATCH)
+    sim = args.backend == "sim"
+    modes = [m.strip() for m in (args.modes or ("continuous,static" if sim else "continuous")).split(",") if m.strip()]
+    if bad := [m for m in modes if m not in MODES]:
+        parser.error(f"unknown mode(s) {bad}: use {', '.join(MODES)}")
+    output_tokens = args.output_tokens or (128 if sim else 64)
+    sweep = args.sweep if args.sweep is not None else (LONG_SWEEP if args.long else DEFAULT_SWEEP)
+    scale = 4 if args.long else 1
+    shape = des.Shape(args.prompt_tokens, output_tokens, args.prompt_spread)
+    workroot = args.workdir.resolve() / args.backend
 
-    print(f"[bench] bare-backend reference ({args.backend}) ...", file=sys.stderr)
-    ref_config = config | {"handler": {**config["handler"], "model_checkpoint_dir": str(model_dir)}}
-    repeats = 1 if args.backend == "sim" else 3
-    ref = reference(ref_config, model_dir, args.prompt_tokens, output_tokens, repeats)
-    batch = ref["batch_size"]
-    loads = [Load("synchronous", args.sync_requests), Load("concurrent", batch * args.concurrent_rounds, batch)]
-    capacity = ref["ideal_tokens_per_s"] / output_tokens
-    if args.backend == "sim" and args.poisson_requests > 0:
-        loads.append(Load("poisson", args.poisson_requests, rate=args.load_fraction * capacity))
-
-    print(f"[bench] starting torchserve in {workdir} ...", file=sys.stderr)
-    server = bench_server.start(workdir, model_dir, config)
-    try:
-        target = Target(server.url, server.model_name, "native", server.headers)
-        workload = Workload(
-            PromptMaker(model_dir, seed=0),
-            Lengths(args.prompt_tokens, args.prompt_spread),
-            Lengths(output_tokens, 0),
-            seed=0,
-            progress=not args.no_progress,
+    ref: dict[str, Any] = {}
+    profile: Profile | None = None
+    capacity: float | None = None
+    if sim:
+        model_dir, base = args.model_dir.resolve(), sim_model_config(args.profile, args.time_scale)
+        profile = des.scaled(load_profile(args.profile), args.time_scale)
+        n_slots = profile.batch_size  # the sim's slots are its compiled batch
+        capacity = des.capacity(profile, shape, n_slots, args.prefill_token_budget)
+        ref = {
+            "profile": profile.name,
+            "time_scale": args.time_scale,
+            "step_1_ms": profile.decode_s(1) * 1000,
+            "step_batch_ms": profile.decode_s(n_slots) * 1000,
+            "prefill_1_ms": profile.prefill_s(1, args.prompt_tokens) * 1000,
+            "ideal_tokens_per_s": profile.ideal_tokens_per_s(),
+        }
+        title = (
+            f"sim {profile.name}: {n_slots} slots, prompts {args.prompt_tokens}±{args.prompt_spread}, "
+            f"{output_tokens} output tokens"
         )
-        summaries = asyncio.run(run_all(target, list(loads), workload, sweep_streams=batch))
-        try:
-            metrics = handler_metrics(server.scrape_metrics())
-        except Exception as exc:  # the figures stand without the cross-check
-            print(f"[bench] could not scrape metrics: {exc}", file=sys.stderr)
-            metrics = {}
-    finally:
-        server.stop()
+    else:
+        model_dir, n_slots = small_model(workroot), HF_BATCH
+        base = hf_model_config(n_slots)
+        title = f"hf: small random Llama, {n_slots} slots, {output_tokens} output tokens"
+    streams = args.streams or n_slots
+    plan = plan_loads(
+        capacity if sim else None,
+        streams,
+        args.sync_requests * scale,
+        args.concurrent_rounds * scale,
+        sweep,
+        (args.load_fraction, args.p4_fraction) if sim else (),
+        args.poisson_requests * scale,
+        args.sweep_seconds * scale,
+        args.sweep_min_requests * scale,
+    )
+    configs = {
+        m: with_scheduler(
+            base, m, n_slots, args.prefill_token_budget, args.overlap, args.max_batch_delay_ms, args.in_flight
+        )
+        for m in modes
+    }
+    if capacity:
+        print(
+            f"[bench] capacity {capacity:.3f} req/s: the continuous policy's saturated throughput at "
+            f"{args.prompt_tokens} prompt / {output_tokens} output tokens (discrete-event, profile times); "
+            f"loads: " + ", ".join(x.name for x in plan.loads),
+            file=sys.stderr,
+        )
+    if not sim:
+        print("[bench] in-process reference (scripts/bench_backend.py) ...", file=sys.stderr)
+        ref = backend_reference(configs[modes[0]], model_dir, workroot, args.prompt_tokens, output_tokens, repeats=3)
 
-    if args.backend != "sim":  # the machine may have been busier before: measure again, keep the faster
-        print("[bench] bare-backend reference again ...", file=sys.stderr)
-        again = reference(ref_config, model_dir, args.prompt_tokens, output_tokens, repeats)
-        ref["generate_tokens_per_s_runs"] = [ref["generate_tokens_per_s"], again["generate_tokens_per_s"]]
+    runs: dict[str, ModeRun] = {}
+    for mode in modes:
+        workdir = workroot / mode
+        config = configs[mode]
+        limits: list[LoadSummary | None] = [None] * len(plan.loads)
+        if profile is not None:
+            policy = des.Policy(
+                "continuous" if mode == "continuous" else "static",
+                n_slots,
+                prefill_token_budget=args.prefill_token_budget,
+                max_batch_delay_s=args.max_batch_delay_ms / 1000,
+            )
+            limits = list(des_limits(profile, policy, plan.loads, shape, seed=0))
+            expected = sum(x.duration_s for x in limits if x)
+            print(f"[bench] {mode}: the loads take about {expected:.0f} s at the limit", file=sys.stderr)
+        print(f"[bench] {mode}: starting torchserve in {workdir} ...", file=sys.stderr)
+        server = bench_server.start(workdir, model_dir, config)
+        try:
+            target = Target(server.url, server.model_name, "native", server.headers)
+            workload = Workload(  # the same prompts, lengths and arrival times for every mode
+                PromptMaker(model_dir, seed=0),
+                Lengths(args.prompt_tokens, args.prompt_spread),
+                Lengths(output_tokens, 0),
+                seed=0,
+                progress=not args.no_progress,
+            )
+            served = asyncio.run(run_all(target, list(plan.loads), workload, sweep_streams=streams))
+            try:
+                metrics = handler_metrics(server.scrape_metrics())
+            except Exception as exc:  # the figures stand without the cross-check
+                print(f"[bench] could not scrape metrics: {exc}", file=sys.stderr)
+                metrics = {}
+        finally:
+            server.stop()
+        runs[mode] = ModeRun(mode, config, served, limits, plan.fractions, metrics)
+
+    if not sim:  # the machine may have been busier before: measure again, keep the faster
+        print("[bench] in-process reference again ...", file=sys.stderr)
+        again = backend_reference(configs[modes[0]], model_dir, workroot, args.prompt_tokens, output_tokens, repeats=3)
+        runs_tok = [ref["generate_tokens_per_s"], again["generate_tokens_per_s"]]
         if again["generate_tokens_per_s"] > ref["generate_tokens_per_s"]:
-            ref = again | {"generate_tokens_per_s_runs": ref["generate_tokens_per_s_runs"]}
-    by_kind = {s.kind: s for s in summaries}
-    ratios = compute_ratios(args.backend, ref, by_kind)
-    policy = None
-    if args.backend == "sim":  # what the scheduling policy alone costs, with no serving overhead
-        delay_s = config["maxBatchDelay"] / 1000
-        policy = des_p3(load_profile(args.profile), args.load_fraction, args.prompt_tokens, output_tokens, delay_s)
+            ref = again
+        ref["generate_tokens_per_s_runs"] = runs_tok
+
+    ratios = compute_ratios(
+        args.backend,
+        runs,
+        step_1_ms=ref.get("step_1_ms") if sim else None,
+        p3_fraction=args.load_fraction,
+        p4_fraction=args.p4_fraction,
+        in_process_tokens_per_s=ref.get("generate_tokens_per_s"),
+    )
+    by_mode = {m: mode_ratios(r, ref["step_1_ms"], args.load_fraction) for m, r in runs.items()} if sim else {}
+    policy_ref = None
+    if profile is not None and args.des_requests > 0:
+        policy_ref = des.reference(
+            profile,
+            shape,
+            n_slots,
+            args.prefill_token_budget,
+            args.max_batch_delay_ms / 1000,
+            fractions=sorted({*sweep, args.load_fraction, args.p4_fraction}),
+            streams=streams,
+            rounds=args.concurrent_rounds,
+            requests=args.des_requests,
+        )
+    long_run = long_run_points(policy_ref, capacity, modes) if policy_ref and capacity else None
+    knee_at = knees(runs, capacity, long_run) if capacity else {}
     meta = {
-        "title": f"{args.backend}: {ref.get('profile', {}).get('name', 'small hf model')} (batch {batch})",
+        "title": title,
         "backend": args.backend,
+        "argv": sys.argv[1:] if argv is None else argv,
         "reference": ref,
+        "shape": asdict(shape),
+        "n_slots": n_slots,
+        "streams": streams,
         "capacity_req_per_s": capacity,
-        "output_tokens": output_tokens,
-        "ratios": ratios,
-        "handler_metrics_mean_s": metrics,
-        "policy_reference_des": policy,
-        "wall_s": time.monotonic() - started,
+        "capacity_definition": "the discrete-event continuous policy's saturated throughput (req/s) at the mean "
+        "prompt and output lengths, profile times, no serving overhead (scripts/bench_des.py capacity())",
+        "ratios": {r.name: r.value for r in ratios},
+        "ratio_details": [r.to_dict() for r in ratios],
+        "ratios_by_mode": {m: {r.name: r.value for r in rs} for m, rs in by_mode.items()},
+        "knees": knee_at,
+        "policy_reference_des": policy_ref.to_dict() if policy_ref else None,
     }
     out = args.out or REPO / "bench_results" / f"bench-{args.backend}"
-    path = write_results(out, meta, summaries)
+    meta["wall_s"] = time.monotonic() - started
+    path, png = write_suite_results(out, meta, runs, capacity, title, long_run)
+
     print()
-    print(
-        f"reference: step(1) {ref['step_1_ms']:.2f} ms, step({batch}) {ref['step_batch_ms']:.2f} ms, "
-        f"ideal {ref['ideal_tokens_per_s']:.0f} tok/s, in-process generate at batch {batch} "
-        f"{ref['generate_tokens_per_s']:.0f} tok/s; capacity {capacity:.2f} req/s at {output_tokens} output tokens"
-    )
-    print(format_table(summaries))
-    if policy:
-        s, q = policy["static"], policy["slots"]
+    if sim:
         print(
-            f"policy reference (discrete-event, profile times, no serving overhead) at {policy['rate_req_per_s']:.2f} "
-            f"req/s: static micro-batching TTFT p50 {s['loaded_ttft_ms']:.0f} ms / idle {s['idle_ttft_ms']:.1f} ms = "
-            f"P3 {s['P3']:.2f}; ideal slot scheduler {q['loaded_ttft_ms']:.1f} / {q['idle_ttft_ms']:.1f} ms = "
-            f"P3 {q['P3']:.2f}"
+            f"reference: {ref['profile']} (time scale {args.time_scale:g}): decode step(1) {ref['step_1_ms']:.2f} ms, "
+            f"step({n_slots}) {ref['step_batch_ms']:.2f} ms, prefill(1 x {args.prompt_tokens}) "
+            f"{ref['prefill_1_ms']:.1f} ms; capacity {capacity:.3f} req/s = {capacity * output_tokens:.0f} tok/s "
+            f"(continuous policy saturated, {args.prompt_tokens} prompt / {output_tokens} output tokens)"
         )
-    if metrics:
-        print("handler metrics (mean): " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in metrics.items()))
-    print(f"results: {path} and {path.with_suffix('.png')} ({time.monotonic() - started:.0f} s)")
-    print(json.dumps({"ratios": {k: round(v, 3) for k, v in ratios.items()}}), file=sys.stderr)
-    for name, value in ratios.items():
-        print(f"{name} {value:.2f}")
+    else:
+        print(
+            f"reference: in-process at batch {ref.get('batch_size')}: {ref['generate_tokens_per_s']:.0f} tok/s "
+            f"(runs {', '.join(f'{v:.0f}' for v in ref['generate_tokens_per_s_runs'])}), step(1) "
+            f"{ref.get('step_1_ms', math.nan):.2f} ms"
+        )
+    for mode, run in runs.items():
+        c = run.config
+        print(
+            f"\n{mode}: batchSize {c['batchSize']}, maxBatchDelay {c['maxBatchDelay']}, "
+            f"continuousBatching {c.get('continuousBatching', False)}, scheduler {c['scheduler']}"
+        )
+        print(format_table(run.served, run.limits if sim else None))
+        if run.handler_metrics:
+            print(
+                "handler metrics (mean): " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in run.handler_metrics.items())
+            )
+    if sim:
+        print("(limit: the same load in the discrete-event model of the mode's policy, zero serving overhead)")
+    if policy_ref is not None:
+        print(f"\npolicy limits, long run ({args.des_requests} requests per Poisson load):")
+        print(des.format_reference(policy_ref, shape))
+    if knee_at:
+        print("\nknee: the lowest swept load where TTFT p50 (p90) passes 2 x the idle TTFT p50")
+        for m in runs:
+            parts = [f"{where} {_pct(k.get('p50'))} ({_pct(k.get('p90'))})" for where, k in _knee_rows(knee_at, m)]
+            print(f"  {m:<10} " + ", ".join(parts))
+    for mode, rs in by_mode.items():
+        if mode != "continuous" and rs:
+            print(f"{mode} mode, against its own policy's limit: " + ", ".join(f"{r.name} {r.value:.2f}" for r in rs))
+    wall = time.monotonic() - started
+    print(f"results: {path}" + (f" and {png}" if png else "") + f" ({wall:.0f} s)")
+    print(json.dumps({"ratios": {r.name: round(r.value, 3) for r in ratios}}), file=sys.stderr)
+    for r in ratios:
+        print(r.line())
 
 
 if __name__ == "__main__":

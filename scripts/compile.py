@@ -1,11 +1,11 @@
 """Compile the model for Inferentia2 ahead of time (`make compile`, on an inf2 host).
 
 Loads the model the way a TorchServe worker does (handler/backends/neuronx.py, with the
-`handler:` and `micro_batching:` sections of model-config.yaml), so the artifacts and
+`handler:` and `scheduler:` sections of model-config.yaml), so the artifacts and
 their manifest land where the server looks: `<checkpoint>/neuron_cache/artifacts` by
 default. The next start, and `make archive` (which ships the checkpoint folder), load them
 without compiling. Run it again after changing tp_degree, amp, n_positions, buckets or
-micro_batch_size: it recompiles only when the manifest no longer matches.
+scheduler.n_slots: it recompiles only when the manifest no longer matches.
 """
 
 from __future__ import annotations

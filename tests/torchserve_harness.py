@@ -131,38 +131,180 @@ def run_batch(handler: Any, context: Context, rows: list[Any], headers: list[dic
 
 @contextmanager
 def generation_ends(handler: Any) -> Iterator[list[float]]:
-    """Within the block, the list gets the `time.perf_counter()` moment each call of the
-    handler's backend `generate` (one micro-batch's whole generation) returned or raised.
+    """Within the block, the list gets the `time.perf_counter()` moment each backend
+    `decode` step returned or raised; the last one is when generation ended.
 
-    A chunk sent before that moment went out while its micro-batch was still generating;
-    one buffered until generation ended is sent after it. An ordering, not a duration,
-    so it holds however busy the machine is."""
-    backend = handler.service.backend
+    A chunk sent before that moment went out while the model was still generating; one
+    buffered until generation ended is sent after it. An ordering, not a duration, so it
+    holds however busy the machine is."""
+    backend = handler.serving.service.backend
     ends: list[float] = []
     lock = threading.Lock()
-    original = backend.generate
-    own = vars(backend).get("generate")
+    original = backend.decode
+    own = vars(backend).get("decode")
 
-    def timed_generate(*args: Any, **kwargs: Any) -> Any:
+    def timed_decode(*args: Any, **kwargs: Any) -> Any:
         try:
             return original(*args, **kwargs)
         finally:
             with lock:
                 ends.append(time.perf_counter())
 
-    backend.generate = timed_generate
+    backend.decode = timed_decode
     try:
         yield ends
     finally:
         if own is None:
-            del backend.generate  # the class's method again
+            del backend.decode  # the class's method again
         else:
-            backend.generate = own
+            backend.decode = own
 
 
 def assert_streamed_while_generating(reply: Reply, generation_ended: float) -> None:
-    """More than one chunk, and the first was sent before its micro-batch's generation
-    ended (`generation_ends`): text went out while the model was still generating."""
+    """More than one chunk, and the first was sent before generation ended (the last of
+    `generation_ends`): text went out while the model was still generating."""
     assert len(reply.sent_at) > 1, f"{len(reply.sent_at)} streamed chunk(s): the text went out in one piece"
     lead = generation_ended - reply.sent_at[0]
     assert lead > 0, f"first chunk sent {-lead:.4f} s after generation ended: buffered, not streamed"
+
+
+# -- continuous batching ----------------------------------------------------------------
+@dataclass
+class StreamReply(Reply):
+    """One request's HTTP response as TorchServe's frontend would write it in continuous mode."""
+
+    done: bool = False  # the response ended (last chunk, or one plain response)
+    streamed: bool = False  # a chunked response (ts_stream_next "true" at least once)
+    broken: bool = False  # something a real client would see as a malformed response
+    replies: int = 0  # replies the handler made for this request
+    closed: bool = False  # the frontend closed the connection (a plain 4xx/5xx response)
+
+    @property
+    def body(self) -> str:
+        return "".join(self.chunks)
+
+
+class ContinuousFrontend:
+    """TorchServe's `ContinuousBatching` + `RestJob` (0.11 and 0.12, by the installed
+    release), driving the real handler and encoding with TorchServe's own worker code.
+
+    Each `call()` is one `handle()` call: every request in flight (re-sent with an empty
+    body; headers too on 0.12, none on 0.11) plus new arrivals, up to `batch_size`. A
+    reply with ts_stream_next "true" opens or continues a chunked response, "false" ends
+    it, and no header is one plain response (0.12 then drops the job; 0.11 keeps it).
+    A request the handler leaves out of its reply stays in flight."""
+
+    def __init__(self, handler: Any, context: Context, batch_size: int = 8, version: tuple[int, int] | None = None):
+        from handler.ts_compat import TORCHSERVE_VERSION
+
+        self.handler = handler
+        self.context = context
+        self.batch_size = batch_size
+        self.version = version or TORCHSERVE_VERSION
+        self.queue: list[tuple[str, Any, dict]] = []  # not yet handed to the worker
+        self.in_flight: dict[str, tuple[Any, dict]] = {}
+        self.cached: set[str] = set()
+        self.replies: dict[str, StreamReply] = {}
+        self.calls = 0
+        self._next_id = 0
+
+    def submit(self, body: Any, headers: dict | None = None) -> str:
+        request_id = f"req-{self._next_id}"
+        self._next_id += 1
+        self.queue.append((request_id, body, dict(headers or {})))
+        self.replies[request_id] = StreamReply()
+        return request_id
+
+    def cancel(self, request_id: str) -> None:
+        """The client closed: the frontend drops the job before the next call."""
+        self.in_flight.pop(request_id, None)
+        self.queue = [q for q in self.queue if q[0] != request_id]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.in_flight or self.queue)
+
+    def call(self) -> None:
+        while self.queue and len(self.in_flight) < self.batch_size:
+            request_id, body, headers = self.queue.pop(0)
+            self.in_flight[request_id] = (body, headers)
+        if not self.in_flight:
+            return
+        ids = list(self.in_flight)
+        data, processors = [], []
+        for request_id in ids:
+            body, headers = self.in_flight[request_id]
+            cached = request_id in self.cached
+            data.append({} if cached else {"body": body})
+            send_headers = headers if (not cached or self.version >= (0, 12)) else {}
+            processors.append(RequestProcessor(dict(send_headers)))
+        req_ids = {i: request_id for i, request_id in enumerate(ids)}
+        self.context.request_ids = req_ids
+        self.context.request_processor = processors
+        self.context.stopping_criteria = None
+        self.context.cl_socket = RecordingSocket()
+        ret = self.handler.handle(data, self.context)
+        self.calls += 1
+        assert isinstance(ret, list) and len(ret) == len(data), ret
+        frame = create_predict_response(ret, req_ids, "Prediction success", 200, self.context)
+        sent_at = time.perf_counter()
+        decoded = decode_frame(frame, len(req_ids)) if req_ids else []
+        for request_id, status, content_type, headers, body in decoded:
+            self._respond(request_id, status, content_type, headers.get("ts_stream_next"), body, sent_at)
+
+    def _respond(self, request_id: str, status: int, content_type: str, stream_next: str | None, body: str, at: float):
+        reply = self.replies[request_id]
+        reply.replies += 1
+        if reply.closed:  # written to a closed connection: nobody sees it; "false" ends the job
+            if stream_next == "false" or (stream_next is None and self.version >= (0, 12)):
+                self.in_flight.pop(request_id, None)
+            return
+        if reply.done:
+            reply.broken = True  # a reply after the response ended
+        if stream_next == "true":
+            if not reply.streamed:
+                reply.streamed, reply.status, reply.content_type = True, status, content_type
+                if status >= 400:  # the connection is closed after the headers: the body is lost
+                    reply.broken = reply.closed = True
+            self._chunk(reply, body, at)
+            self.cached.add(request_id)
+            return
+        if stream_next == "false":
+            if not reply.streamed:
+                reply.broken = True  # 'last chunk' without a status line: TorchServe writes a broken response
+            self._chunk(reply, body, at)
+            reply.done = True
+            self.in_flight.pop(request_id, None)
+            return
+        # no header: one plain response
+        if reply.streamed:
+            reply.broken = True
+        reply.status, reply.content_type = status, content_type
+        self._chunk(reply, body, at)
+        reply.done = True
+        # TorchServe closes the connection after a 4xx/5xx (NettyUtils.sendHttpResponse)
+        reply.closed = status >= 400
+        if self.version >= (0, 12):
+            self.in_flight.pop(request_id, None)
+        else:
+            self.cached.add(request_id)  # 0.11 keeps the job in flight (until it sees the connection closed)
+
+    @staticmethod
+    def _chunk(reply: StreamReply, body: str, at: float) -> None:
+        if body:  # Netty writes no chunk for an empty body
+            reply.chunks.append(body)
+            reply.sent_at.append(at)
+
+    def run(self, max_calls: int = 10_000) -> None:
+        """Call until nothing is in flight."""
+        for _ in range(max_calls):
+            if not self.busy:
+                return
+            self.call()
+        raise AssertionError(f"still busy after {max_calls} calls: {sorted(self.in_flight)}")
+
+    def serve(self, bodies: list[Any], headers: list[dict] | None = None) -> list[StreamReply]:
+        """Submit the bodies together and run them to the end."""
+        ids = [self.submit(b, (headers or [{}] * len(bodies))[i]) for i, b in enumerate(bodies)]
+        self.run()
+        return [self.replies[i] for i in ids]

@@ -1,14 +1,30 @@
-"""The contract every backend (hf, neuronx, sim) fulfils."""
+"""The step-level contract every backend (hf, sim, neuronx) fulfils.
+
+A backend holds `n_slots` slots, one sequence each. The engine drives it a step at a
+time (TGI's Neuron `Generator` and vLLM's model runner work this way):
+
+- `prefill(requests)`: encode each new request's prompt into its slot; return its first
+  token;
+- `decode(slots)`: one token more for each of the given live slots (each slot's input is
+  the token it returned last);
+- `release(slot)`: the slot's sequence ended (finished, failed, cancelled); forget it.
+
+Backends pick tokens (sampling, per slot, with `handler/sampling.py`) but never decide
+when a sequence ends: EOS, stop strings and lengths are `Sequence`'s business. The
+engine calls one method at a time (never concurrently), puts every live slot in every
+decode call, keeps each request within `n_positions` (prompt + max_new_tokens), and
+releases every slot of a call that raised.
+"""
 
 from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from handler.protocol import SamplingParams
+from handler.request import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -22,38 +38,54 @@ def clamp_n_positions(wanted: int, limit: int | None, what: str) -> int:
 
 
 @dataclass(frozen=True)
-class RowSpec:
-    """One row of a micro-batch, as the backend sees it."""
+class SlotRequest:
+    """A sequence entering a slot: what the backend needs to prefill and sample it."""
 
+    slot: int
     prompt_ids: tuple[int, ...]
-    max_new_tokens: int
-    sampling: SamplingParams
-    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    ignore_eos: bool = False  # EOS is suppressed while sampling (the request asked to run to its length)
+    logprobs: int | None = None  # None: none; 0: the chosen token's; n: also the n most likely
+
+
+@dataclass(frozen=True)
+class TokenChoice:
+    """One slot's token from one step, with its logprob when the request asked for it.
+
+    Logprobs are those of the distribution the token was drawn from: after repetition
+    penalty, temperature, top-k and top-p (so a greedy request gets the model's own
+    log-softmax)."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 class Backend(ABC):
-    """A loaded model that generates a micro-batch at a time.
-
-    `generate` must call `streamer.put(prompt_ids)` once, then `streamer.put(tokens)`
-    with one token per row for each step, and may stop early once
-    `is_finished(row)` is true for every row. The caller ends the streamer.
-    """
+    """A loaded model with `n_slots` sequence slots, driven a step at a time."""
 
     name: str
     tokenizer: Any
     n_positions: int
     eos_token_ids: frozenset[int]
-
-    @property
-    def static_batch_size(self) -> int | None:
-        """The compiled batch size of a static-shape model; None where any size runs."""
-        return None
+    n_slots: int
+    # The longest prompt one prefill takes (neuronx: the largest context bucket); None: n_positions bounds it.
+    max_prompt_tokens: int | None = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
 
     @abstractmethod
-    def generate(self, rows: Sequence[RowSpec], streamer: Any, is_finished: Callable[[int], bool]) -> None: ...
+    def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
+        """Prefill each request into its (free) slot; its first token, in request order."""
+
+    @abstractmethod
+    def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
+        """One decode step over live slots; each one's next token, in `slots` order."""
+
+    @abstractmethod
+    def release(self, slot: int) -> None:
+        """Forget the slot's sequence; the slot may be prefilled again."""
 
     def warmup(self) -> None:
         """Run whatever the first real request would otherwise pay for."""

@@ -1,17 +1,39 @@
-"""The `hf` backend: transformers on CPU, the reference and the embedded default."""
+"""The `hf` backend: transformers on CPU, the reference and the embedded default.
+
+It fulfils the step-level contract (`base.Backend`) with a real KV cache per slot, so
+sequences join and leave between decode steps:
+
+- `prefill` runs each new prompt alone (batch 1, no padding, positions 0..n-1) into a
+  fresh `DynamicCache` and samples the slot's first token from the last position;
+- `decode` runs ONE forward for the given slots: their caches are left-padded to a
+  common length and stacked (zeros on the padding, masked out by a 2-D attention mask),
+  each row's new token sits at its own position (its cached length), and each row is
+  sampled by its own `SlotSampler`.
+
+The stacked cache is kept between steps: while the decoded set of slots stays the same,
+each step appends one column to it (as `generate` does). It is rebuilt only when a slot
+joins (prefilled since the last step) or leaves (released); then every row is copied once
+into the new stack. A row's K/V never depends on its batch-mates (padding is masked), so a
+request's tokens are those it gets alone.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, DynamicCache
 
-from handler.backends.base import clamp_n_positions
-from handler.backends.generate_backend import GenerateBackend
+from handler.backends.base import Backend, SlotRequest, TokenChoice, clamp_n_positions
+from handler.backends.kv_cache import AppendCache, ForwardKwargs, LayerKV, layers_of, stack, truncate, unpad_row
+from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import HandlerConfig
+from handler.sampling import SlotSampler
 
 logger = logging.getLogger(__name__)
 
@@ -21,37 +43,204 @@ _MAJOR_MINOR = tuple(int(part) for part in transformers.__version__.split(".")[:
 DTYPE_KWARG = "dtype" if _MAJOR_MINOR >= (4, 56) else "torch_dtype"
 
 
-def load_tokenizer(checkpoint: Path, trust_remote_code: bool):
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True, trust_remote_code=trust_remote_code)
-    if tokenizer.pad_token_id is None:  # Llama-2 ships none; padding rows are masked anyway
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+@dataclass
+class _Slot:
+    """One live sequence."""
+
+    sampler: SlotSampler
+    length: int  # positions held in its cache (prompt + tokens already run through the model)
+    next_token: int  # sampled, not yet run through the model: the next decode's input
+    kv: list[LayerKV] | None  # its own K/V (batch of one) while it is not a row of the stacked batch
 
 
-def eos_token_ids(model_config, tokenizer) -> frozenset[int]:
-    ids = getattr(model_config, "eos_token_id", None)
-    ids = ids if isinstance(ids, list) else [ids]
-    return frozenset(int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None)
+@dataclass
+class _Batch:
+    """The stacked cache of the slots decoded last step, row i = slots[i]."""
+
+    slots: tuple[int, ...]
+    cache: Any
+    mask: torch.Tensor  # [rows, width]: 1 on each row's real positions, 0 on its left padding
+    stale: set[int] = field(default_factory=set)  # rows whose slot was released since
+
+    def reusable_for(self, slots: Sequence[int]) -> bool:
+        return not self.stale and len(slots) == len(self.slots) and set(slots) == set(self.slots)
+
+    def row_kv(self, slot: int, length: int) -> list[LayerKV]:
+        return unpad_row(layers_of(self.cache), self.slots.index(slot), self.mask.shape[1] - length)
 
 
-class HFBackend(GenerateBackend):
+class HFBackend(Backend):
     name = "hf"
 
-    def __init__(self, config: HandlerConfig, checkpoint: Path) -> None:
+    def __init__(self, config: HandlerConfig, checkpoint: Path, n_slots: int) -> None:
+        if n_slots < 1:
+            raise ValueError(f"n_slots must be at least 1, got {n_slots}")
         if config.cpu_threads is not None:
             # On a small host the model's threads compete with the TorchServe frontend and the
             # clients; leaving them a core can serve more tokens/s, not fewer.
             torch.set_num_threads(config.cpu_threads)
             logger.info("hf: torch intra-op threads set to %d", config.cpu_threads)
         self.tokenizer = load_tokenizer(checkpoint, config.trust_remote_code)
-        self.generation_model = AutoModelForCausalLM.from_pretrained(
+        self.model = AutoModelForCausalLM.from_pretrained(
             checkpoint,
             local_files_only=True,
             use_safetensors=True,
             trust_remote_code=config.trust_remote_code,
             **{DTYPE_KWARG: TORCH_DTYPES[config.amp]},
         ).eval()
-        self.pad_token_id = self.tokenizer.pad_token_id
-        self.eos_token_ids = eos_token_ids(self.generation_model.config, self.tokenizer)
-        max_positions = getattr(self.generation_model.config, "max_position_embeddings", None)
+        self.eos_token_ids = eos_token_ids(self.model.config, self.tokenizer)
+        max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self.n_positions = clamp_n_positions(config.n_positions, max_positions, "model")
+        self.n_slots = n_slots
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self._forward_kwargs = ForwardKwargs(self.model)
+        self._slots: dict[int, _Slot] = {}
+        self._batch: _Batch | None = None
+
+    # -- the contract ------------------------------------------------------------------
+
+    def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
+        """Each request alone (batch 1, no padding). All or nothing: if one fails, none of
+        this call's slots stays occupied."""
+        self._check_prefill(requests)
+        choices = []
+        try:
+            with torch.inference_mode():
+                for request in requests:
+                    choices.append(self._prefill_one(request))
+        except BaseException:
+            for request in requests[: len(choices)]:
+                self.release(request.slot)
+            raise
+        return choices
+
+    def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
+        slots = tuple(slots)
+        self._check_live(slots)
+        if not slots:
+            return []
+        with torch.inference_mode():
+            batch = self._batch
+            if batch is None or not batch.reusable_for(slots):
+                batch = self._restack(slots)
+            states = [self._slots[slot] for slot in batch.slots]
+            width = batch.mask.shape[1]
+            mask = torch.cat([batch.mask, torch.ones((len(states), 1), dtype=torch.long)], dim=1)
+            try:
+                out = self.model(
+                    input_ids=torch.tensor([[state.next_token] for state in states], dtype=torch.long),
+                    attention_mask=mask,
+                    position_ids=torch.tensor([[state.length] for state in states], dtype=torch.long),
+                    **self._forward_kwargs(batch.cache),
+                )
+                logits = out.logits[:, -1]
+                choices = [state.sampler.pick(logits[row]) for row, state in enumerate(states)]
+            except BaseException:
+                # Layers before the failure appended their column: cut every layer back.
+                batch.cache = truncate(batch.cache, width)
+                raise
+            batch.mask = mask
+            picked: dict[int, TokenChoice] = {}
+            for slot, state, choice in zip(batch.slots, states, choices, strict=True):
+                state.length += 1
+                state.next_token = choice.token_id
+                picked[slot] = choice
+        return [picked[slot] for slot in slots]
+
+    def release(self, slot: int) -> None:
+        """Forget the slot's sequence; releasing a free slot is a no-op."""
+        self._check_slot(slot)
+        if self._slots.pop(slot, None) is None:
+            return
+        if self._batch is not None and slot in self._batch.slots:
+            self._batch.stale.add(slot)  # its row stays until the next decode restacks without it
+            if len(self._batch.stale) == len(self._batch.slots):
+                self._batch = None
+
+    def warmup(self) -> None:
+        if 0 in self._slots:
+            raise ValueError("warmup needs slot 0 free")
+        prompt = tuple(self.encode("Hello, world")) or (0,)
+        self.prefill([SlotRequest(slot=0, prompt_ids=prompt[: self.n_positions - 3], ignore_eos=True)])
+        try:
+            for _ in range(2):
+                self.decode([0])
+        finally:
+            self.release(0)
+
+    def close(self) -> None:
+        self._slots.clear()
+        self._batch = None
+        self.model = None
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _prefill_one(self, request: SlotRequest) -> TokenChoice:
+        n = len(request.prompt_ids)
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=torch.tensor([request.prompt_ids], dtype=torch.long),
+            attention_mask=torch.ones((1, n), dtype=torch.long),
+            position_ids=torch.arange(n, dtype=torch.long).unsqueeze(0),
+            **self._forward_kwargs(cache),
+        )
+        sampler = SlotSampler(request, self.eos_token_ids)
+        choice = sampler.pick(out.logits[0, -1])
+        self._slots[request.slot] = _Slot(sampler, n, choice.token_id, layers_of(cache))
+        return choice
+
+    def _restack(self, slots: tuple[int, ...]) -> _Batch:
+        """A new stacked batch of `slots`; every slot's K/V is copied into it once."""
+        old = self._batch
+        if old is not None:
+            # A live row of the old batch that is not decoded now keeps its K/V as its own.
+            for slot in old.slots:
+                state = self._slots.get(slot)
+                if slot not in old.stale and slot not in slots and state is not None and state.kv is None:
+                    state.kv = [(k.clone(), v.clone()) for k, v in old.row_kv(slot, state.length)]
+        rows = []
+        for slot in slots:
+            state = self._slots[slot]
+            if state.kv is not None:
+                rows.append(state.kv)
+            else:
+                assert old is not None and slot in old.slots and slot not in old.stale
+                rows.append(old.row_kv(slot, state.length))
+        lengths = [self._slots[slot].length for slot in slots]
+        room = min(max(16, max(lengths) // 2), self.n_positions)  # steps before the buffers must grow
+        buffers, mask = stack(rows, lengths, room)
+        for slot in slots:
+            self._slots[slot].kv = None
+        self._batch = _Batch(slots, AppendCache(buffers, mask.shape[1]), mask)
+        return self._batch
+
+    def _check_slot(self, slot: int) -> None:
+        if not isinstance(slot, int) or not 0 <= slot < self.n_slots:
+            raise ValueError(f"slot {slot!r} is out of range: this backend has slots 0..{self.n_slots - 1}")
+
+    def _check_live(self, slots: Sequence[int]) -> None:
+        for slot in slots:
+            self._check_slot(slot)
+            if slot not in self._slots:
+                raise ValueError(f"slot {slot} holds no sequence: it was never prefilled, or was released")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"decode got a slot twice: {list(slots)}")
+
+    def _check_prefill(self, requests: Sequence[SlotRequest]) -> None:
+        """Every request is checked before any runs: a bad one changes no slot."""
+        seen: set[int] = set()
+        for request in requests:
+            self._check_slot(request.slot)
+            if request.slot in self._slots or request.slot in seen:
+                raise ValueError(f"slot {request.slot} is occupied; release it before prefilling it again")
+            seen.add(request.slot)
+            if not request.prompt_ids:
+                raise ValueError(f"slot {request.slot}: the prompt has no tokens")
+            if len(request.prompt_ids) > self.n_positions:
+                raise ValueError(
+                    f"slot {request.slot}: the prompt has {len(request.prompt_ids)} tokens, above n_positions "
+                    f"({self.n_positions})"
+                )
+            bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"slot {request.slot}: token ids {bad[:5]} are outside the vocabulary")

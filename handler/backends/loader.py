@@ -15,12 +15,12 @@ logger = logging.getLogger(__name__)
 def load_backend(config: ServingConfig, model_dir: str | Path | None, context: Any = None) -> Backend:
     """`context` (TorchServe's) gives neuronx this worker's gpu_id and the worker count."""
     backend = _load(config, model_dir, context)
-    compiled = backend.static_batch_size
-    if compiled is not None and config.micro_batching.micro_batch_size > compiled:
+    if backend.n_slots != config.scheduler.n_slots:
+        slots = backend.n_slots
         backend.close()
         raise ConfigError(
-            f"model-config.yaml: micro_batching.micro_batch_size ({config.micro_batching.micro_batch_size}) is above "
-            f"the {backend.name} model's compiled batch size ({compiled}); set micro_batch_size <= {compiled}"
+            f"model-config.yaml: scheduler.n_slots ({config.scheduler.n_slots}) does not match the {backend.name} "
+            f"model's {slots} slots (its compiled batch size); set scheduler.n_slots: {slots}"
         )
     return backend
 
@@ -40,7 +40,7 @@ def _load(config: ServingConfig, model_dir: str | Path | None, context: Any) -> 
     if handler.backend == "hf":
         from handler.backends.hf import HFBackend
 
-        return HFBackend(handler, checkpoint)
+        return HFBackend(handler, checkpoint, config.scheduler.n_slots)
     if handler.backend == "sim":
         from handler.backends.sim import SimBackend
 

@@ -1,25 +1,58 @@
-"""The `neuronx` backend: a Llama-family model compiled for Inferentia2 by transformers-neuronx.
+"""The `neuronx` backend: a Llama-family model compiled for Inferentia2 by transformers-neuronx,
+driven a step at a time with the SDK's continuous batching.
 
 Start-up, in order (each step logged, with how long it took):
 1. place this worker on its NeuronCores (handler/neuron/cores.py) and set the Neuron
    environment: NEURON_RT_VISIBLE_CORES, NEURON_CC_FLAGS, the compile cache
    (handler/neuron/environment.py), all before transformers_neuronx is imported;
-2. `<ModelClass>.from_pretrained(checkpoint, batch_size=micro_batch_size, tp_degree, amp,
-   n_positions, context_length_estimate, neuron_config)`; NeuronConfig options this
-   left-padded static path cannot honour are refused first, and the SDK's own refusals
-   (asserts, ValueErrors) become a ConfigError naming the key (handler/neuron/options.py);
+2. `<ModelClass>.from_pretrained(checkpoint, batch_size=n_slots, tp_degree, amp, n_positions,
+   context_length_estimate, neuron_config=NeuronConfig(continuous_batching=
+   ContinuousBatchingConfig(max_num_seqs=n_slots), <handler.neuronx options>))`. Keys the
+   backend owns or cannot honour are refused first (handler/neuron/config.py), and the SDK's
+   own refusals (asserts, ValueErrors) become a ConfigError naming the key
+   (handler/neuron/options.py);
 3. if the saved artifacts' manifest matches (handler/neuron/artifacts.py): `load(dir)` then
    `to_neuron()`, no compile; else, under a host-wide lock, `to_neuron()` compiles and
    `save(dir)` stores the NEFFs with a fresh manifest. With `compile_on_start: false` a
    mismatch fails the start instead, and nothing is written (read-only model directories);
-4. wrap the model in `HuggingFaceGenerationModelAdapter`, so `GenerateBackend` serves it
-   with Hugging Face `generate`, exactly like the hf backend;
-5. `warmup()`: one generation per context bucket, so no user request pays a first run.
+4. `warmup()`: per context bucket, a prefill of that length and a decode step over every slot.
+
+Serving: the step contract of handler/backends/base.py on the SDK's continuous batching
+(transformers-neuronx 0.13, base.py: `_prepare_for_continuous_batching`,
+`_prepare_for_par_ctx_rhs_padding`, `_postprocess`). Slot k of the engine is the SDK's
+sequence id k (`start_ids`), i.e. line k of every KV cache; each slot remembers its sampler,
+the token it chose last and that token's position (cache id).
+
+- prefill: one request at a time (under continuous batching the context kernel is compiled
+  for batch 1, llama/model.py `context_batch_sizes`, so the SDK would loop anyway):
+  `forward(input_ids [1, T], cache_ids [[0..T-1]], start_ids [slot])` runs the smallest
+  context bucket >= T, writes positions 0..bucket-1 of the slot's line only, and returns the
+  logits of position T-1 (`last_token_id` = the largest cache id). A T above the largest
+  context bucket fails an assert in the SDK ("invalid input prompt length"), so
+  `max_prompt_tokens` is the largest bucket and the service answers such a prompt 400.
+- decode: `forward(input_ids [n, 1] = each slot's last token, cache_ids [n, 1] = its position,
+  start_ids [n] = the slots)` returns `[n, vocab]` logits in input order. The decode kernel
+  always runs the full [n_slots, 1] batch and gives every line left out of the call token 0 at
+  cache id 0, overwriting position 0 of that line's KV: so a decode must name every live slot,
+  and `decode()` refuses (ValueError) a call that does not.
+- a 1-token prompt: `forward` takes T == 1 for token generation whatever the cache id, so the
+  plain prefill of a 1-token prompt would be a decode call that overwrites position 0 of every
+  other live slot. It is sent as T == 2 instead: `input_ids [[token, 0]]`,
+  `cache_ids [[0, 0]]`. That is exactly the row the SDK itself builds for a 1-token prompt in
+  the context path (input right-padded with 0; cache ids zero-padded, so `last_token_id` = 0;
+  the padded cache ids are replaced by arange(bucket)), and the shape vLLM's Neuron runner sends
+  for a short prompt batched with longer ones: the context kernel writes only this slot's line
+  and returns the logits of position 0. What it leaves at positions >= 1 is padding, as after
+  any prompt shorter than its bucket, and each decode writes its position before reading it.
+  The row must be shorter than its bucket (a row that fills its bucket keeps its own cache ids,
+  and [0, 0] would write two tokens at position 0): every bucket is >= 3 (MIN_BUCKET).
+  (The other way, a decode call that re-feeds every live slot's previous token at its previous
+  position, would rewrite every other slot's KV and rely on the device recomputing it bit for
+  bit; this one touches no other line.)
 """
 
 from __future__ import annotations
 
-import functools
 import gc
 import hashlib
 import importlib
@@ -27,27 +60,28 @@ import importlib.metadata
 import logging
 import os
 import shlex
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, GenerationMixin
+import torch
+from transformers import AutoConfig
 
-from handler.backends.base import RowSpec, clamp_n_positions
-from handler.backends.generate_backend import GenerateBackend
-from handler.backends.hf import eos_token_ids, load_tokenizer
+from handler.backends.base import Backend, SlotRequest, TokenChoice, clamp_n_positions
+from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import ConfigError, ServingConfig
 from handler.neuron import artifacts, options
-from handler.neuron.config import NeuronxConfig
+from handler.neuron.config import MIN_BUCKET, NeuronxConfig
 from handler.neuron.cores import CorePlacement, detect_cores, place
 from handler.neuron.environment import CacheLocation, configure_compiler, pin_cores
-from handler.protocol import SamplingParams
+from handler.sampling import SlotSampler
 
 logger = logging.getLogger(__name__)
 
-WARMUP_NEW_TOKENS = 2
+# The id the SDK right-pads prompts with (`utils.pad` fills 0); the second token of a 1-token prompt's row.
+PAD_ID = 0
 
 
 def default_buckets(n_positions: int) -> list[int]:
@@ -61,22 +95,17 @@ def default_buckets(n_positions: int) -> list[int]:
 
 def context_buckets(neuronx: NeuronxConfig, n_positions: int) -> list[int]:
     buckets = neuronx.context_length_estimate or default_buckets(n_positions)
+    if buckets[0] < MIN_BUCKET:  # only the default can get here (the config validates a list)
+        raise ConfigError(
+            f"model-config.yaml: handler.n_positions: {n_positions} makes a prompt bucket below {MIN_BUCKET} tokens; "
+            f"use n_positions >= {MIN_BUCKET}"
+        )
     if buckets[-1] > n_positions:
         raise ConfigError(
             f"model-config.yaml: handler.neuronx.context_length_estimate: bucket {buckets[-1]} is above n_positions "
             f"({n_positions}); keep every bucket <= n_positions"
         )
     return buckets
-
-
-@functools.cache
-def generation_capable(adapter_cls: type) -> type:
-    """HuggingFaceGenerationModelAdapter subclasses only PreTrainedModel, which stopped
-    inheriting GenerationMixin in transformers 4.50: mix it back in where it is missing
-    (a no-op on the 4.4x releases the Neuron SDK pins)."""
-    if issubclass(adapter_cls, GenerationMixin):
-        return adapter_cls
-    return type(adapter_cls.__name__, (adapter_cls, GenerationMixin), {"__module__": __name__})
 
 
 def package_version(distribution: str, module: Any) -> str | None:
@@ -93,7 +122,17 @@ def compiler_version() -> str | None:
         return None
 
 
-class NeuronxBackend(GenerateBackend):
+@dataclass
+class _Slot:
+    """A live sequence: its sampler, the token it chose last, and the cache id that token goes to
+    (= how many positions of the slot's KV line hold its sequence)."""
+
+    sampler: SlotSampler
+    token: int
+    position: int
+
+
+class NeuronxBackend(Backend):
     name = "neuronx"
 
     def __init__(self, config: ServingConfig, checkpoint: Path, gpu_id: int | None = None, workers: int = 1) -> None:
@@ -102,25 +141,21 @@ class NeuronxBackend(GenerateBackend):
         self.checkpoint = checkpoint
         self.tp_degree = handler.tp_degree
         self.amp = handler.amp
-        self._batch_size = config.micro_batching.micro_batch_size
-        self._generate_lock = threading.Lock()
-        if config.micro_batching.parallelism.inference > 1:
-            logger.warning(
-                "neuronx: micro_batching.parallelism.inference=%d, but one compiled model runs one micro-batch at a "
-                "time; the inference threads will take turns",
-                config.micro_batching.parallelism.inference,
-            )
+        self.n_slots = config.scheduler.n_slots
+        self.model: Any = None
+        self.placement: CorePlacement | None = None
+        self._live: dict[int, _Slot] = {}
         self.tokenizer = load_tokenizer(checkpoint, handler.trust_remote_code)
-        self.pad_token_id = self.tokenizer.pad_token_id
         hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
         self.eos_token_ids = eos_token_ids(hf_config, self.tokenizer)
         self.n_positions = clamp_n_positions(
             handler.n_positions, getattr(hf_config, "max_position_embeddings", None), "model"
         )
         self.buckets = context_buckets(self.settings, self.n_positions)
+        self.max_prompt_tokens = self.buckets[-1]
 
         available = self.settings.num_cores or detect_cores()
-        self.placement: CorePlacement | None = place(gpu_id, workers, self.tp_degree, available)
+        self.placement = place(gpu_id, workers, self.tp_degree, available)
         pin_cores(self.placement.visible_cores)
         logger.info(
             "neuronx: NeuronCores %s for this worker (%s; %d worker(s) x tp_degree %d of %d cores)",
@@ -142,20 +177,9 @@ class NeuronxBackend(GenerateBackend):
 
         self.tnx = importlib.import_module("transformers_neuronx")  # after the environment is set
         self.model_cls = self._model_class()
-        self.neuron_config = self._neuron_config()
+        self.neuron_config = options.build(self.tnx.NeuronConfig, self._neuron_config_options())
         self.expected = self.manifest_inputs(hf_config)
         self.model, self.path_taken = self._load_or_compile()
-        self.generation_model = generation_capable(self.tnx.HuggingFaceGenerationModelAdapter)(hf_config, self.model)
-
-    @property
-    def static_batch_size(self) -> int:
-        return self._batch_size
-
-    def generate(self, rows: Sequence[RowSpec], streamer: Any, is_finished: Callable[[int], bool]) -> None:
-        """One micro-batch at a time: the compiled model has one KV cache and the adapter one
-        step counter, so concurrent inference threads (parallelism.inference > 1) take turns."""
-        with self._generate_lock:
-            super().generate(rows, streamer, is_finished)
 
     # -- configuration ---------------------------------------------------------------
     def _model_class(self) -> type:
@@ -169,14 +193,22 @@ class NeuronxBackend(GenerateBackend):
                 f"{self.settings.model_class!r}; use e.g. 'LlamaForSampling' or 'mistral.model.MistralForSampling'"
             ) from None
 
-    def _neuron_config(self) -> Any | None:
-        """NeuronConfig only when an option is configured; else the model's default."""
-        chosen = self._neuron_config_options()
-        return options.build(self.tnx.NeuronConfig, chosen) if chosen else None
+    @property
+    def continuous_batching_settings(self) -> dict[str, Any]:
+        """The ContinuousBatchingConfig keywords: one sequence slot per scheduler slot. The rest keep the
+        SDK's defaults (no paged attention: that needs vLLM's block manager, `init_cache_engine`)."""
+        return {"max_num_seqs": self.n_slots}
 
     def _neuron_config_options(self) -> dict[str, Any]:
         """The NeuronConfig keywords this configuration passes (an SDK error may name one of them)."""
-        chosen: dict[str, Any] = dict(self.settings.neuron_config)
+        try:
+            continuous_batching = self.tnx.ContinuousBatchingConfig(**self.continuous_batching_settings)
+        except options.SDK_ERRORS as exc:
+            raise ConfigError(
+                f"model-config.yaml: scheduler.n_slots: transformers-neuronx's ContinuousBatchingConfig refused "
+                f"{self.continuous_batching_settings}: {type(exc).__name__}: {exc}"
+            ) from None
+        chosen: dict[str, Any] = {**self.settings.neuron_config, "continuous_batching": continuous_batching}
         if self.settings.group_query_attention:
             chosen["group_query_attention"] = self.tnx.GQA(self.settings.group_query_attention)
         if self.settings.quantize_weights:
@@ -194,7 +226,8 @@ class NeuronxBackend(GenerateBackend):
             "neuronx_cc": compiler_version(),
             "model_class": self.settings.model_class,
             "model_config_sha256": hashlib.sha256(config_json).hexdigest()[:16],
-            "batch_size": self._batch_size,
+            "batch_size": self.n_slots,
+            "continuous_batching": self.continuous_batching_settings,
             "tp_degree": self.tp_degree,
             "amp": self.amp,
             "n_positions": self.n_positions,
@@ -210,14 +243,13 @@ class NeuronxBackend(GenerateBackend):
     # -- load or compile ---------------------------------------------------------------
     def _build(self) -> Any:
         kwargs: dict[str, Any] = {
-            "batch_size": self._batch_size,
+            "batch_size": self.n_slots,  # = max_num_seqs: the SDK's sanity check insists
             "tp_degree": self.tp_degree,
             "amp": self.amp,
             "n_positions": self.n_positions,
             "context_length_estimate": self.buckets,
+            "neuron_config": self.neuron_config,
         }
-        if self.neuron_config is not None:
-            kwargs["neuron_config"] = self.neuron_config
         try:
             return self.model_cls.from_pretrained(str(self.checkpoint), **kwargs)
         except KeyError as exc:  # an amp it has no dtype for
@@ -232,6 +264,7 @@ class NeuronxBackend(GenerateBackend):
 
     def _described(self, kwargs: dict[str, Any]) -> str:
         shown = {k: v for k, v in kwargs.items() if k != "neuron_config"}
+        shown["continuous_batching"] = self.continuous_batching_settings
         if self.settings.neuron_config:
             shown["neuron_config"] = dict(self.settings.neuron_config)
         return str(shown)
@@ -259,10 +292,10 @@ class NeuronxBackend(GenerateBackend):
         model = self._build()
         model.to_neuron()
         logger.info(
-            "neuronx: path=compile: compiled and loaded in %.1f s (batch_size=%d tp_degree=%d amp=%s n_positions=%d "
-            "buckets=%s)",
+            "neuronx: path=compile: compiled and loaded in %.1f s (continuous batching n_slots=%d tp_degree=%d amp=%s "
+            "n_positions=%d buckets=%s)",
             time.perf_counter() - started,
-            self._batch_size,
+            self.n_slots,
             self.tp_degree,
             self.amp,
             self.n_positions,
@@ -316,42 +349,120 @@ class NeuronxBackend(GenerateBackend):
             "writable path if the model directory is read-only)"
         )
 
-    # -- serving -------------------------------------------------------------------------
+    # -- serving: the step contract ------------------------------------------------------
+    def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
+        self._check_prefill(requests)
+        choices = []
+        for request in requests:
+            logits = self._encode(request.slot, request.prompt_ids)
+            sampler = SlotSampler(request, self.eos_token_ids)
+            choice = sampler.pick(logits)
+            self._live[request.slot] = _Slot(sampler, choice.token_id, len(request.prompt_ids))
+            choices.append(choice)
+        return choices
+
+    def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
+        slots = list(slots)
+        if len(set(slots)) != len(slots) or set(slots) != set(self._live):
+            raise ValueError(
+                f"neuronx decode must name every live slot exactly once: got {slots}, live {sorted(self._live)} (the "
+                "decode kernel runs all slots and overwrites position 0 of the KV of every slot left out)"
+            )
+        if not slots:
+            return []
+        states = [self._live[slot] for slot in slots]
+        for slot, state in zip(slots, states, strict=True):
+            if state.position >= self.n_positions:
+                raise ValueError(
+                    f"neuronx slot {slot}: its next token would go to position {state.position}, beyond the "
+                    f"{self.n_positions} compiled positions (n_positions): the request outran prompt + max_new_tokens"
+                )
+        logits = self._forward(
+            torch.tensor([[state.token] for state in states], dtype=torch.long),
+            torch.tensor([[state.position] for state in states], dtype=torch.long),  # the SDK needs input_ids' dtype
+            torch.tensor(slots, dtype=torch.long),
+        )
+        choices = []
+        for state, row in zip(states, logits, strict=True):
+            choice = state.sampler.pick(row)
+            state.token, state.position = choice.token_id, state.position + 1
+            choices.append(choice)
+        return choices
+
+    def release(self, slot: int) -> None:
+        self._live.pop(slot, None)
+
+    def _check_prefill(self, requests: Sequence[SlotRequest]) -> None:
+        slots = [request.slot for request in requests]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"neuronx prefill: a slot appears twice in {slots}")
+        for request in requests:
+            if not 0 <= request.slot < self.n_slots:
+                raise ValueError(f"neuronx prefill: slot {request.slot} is not one of the {self.n_slots} slots")
+            if request.slot in self._live:
+                raise ValueError(f"neuronx prefill: slot {request.slot} is live; release it first")
+            if not 1 <= len(request.prompt_ids) <= self.max_prompt_tokens:
+                raise ValueError(
+                    f"neuronx prefill: a prompt of {len(request.prompt_ids)} tokens; the compiled context buckets "
+                    f"{self.buckets} take 1 to {self.max_prompt_tokens}"
+                )
+
+    def _encode(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
+        """The context encoding of one prompt into the slot's KV line; the logits of its last token.
+        A 1-token prompt goes as [token, PAD_ID] with cache ids [0, 0] (module docstring)."""
+        if len(prompt) == 1:
+            input_ids = torch.tensor([[prompt[0], PAD_ID]], dtype=torch.long)
+            cache_ids = torch.zeros((1, 2), dtype=torch.long)
+        else:
+            input_ids = torch.tensor([list(prompt)], dtype=torch.long)
+            cache_ids = torch.arange(len(prompt), dtype=torch.long)[None, :]
+        return self._forward(input_ids, cache_ids, torch.tensor([slot], dtype=torch.long))[0]
+
+    def _forward(self, input_ids: torch.Tensor, cache_ids: torch.Tensor, start_ids: torch.Tensor) -> torch.Tensor:
+        if self.model is None:
+            raise RuntimeError("neuronx backend is closed")
+        with torch.inference_mode():
+            return self.model.forward(input_ids, cache_ids=cache_ids, start_ids=start_ids)
+
     def warmup(self) -> None:
-        """One short generation per context bucket with the full compiled batch."""
+        """Per context bucket: a prompt of that length prefilled into slot 0 and one decode step over all
+        slots (the others hold 1-token prompts), so that no user request pays a kernel's first run."""
         if not self.settings.warmup:
             return
         started = time.perf_counter()
-        seed_ids = self.encode("Hello") or [self.pad_token_id]
-        for bucket in self.buckets:
-            length = max(1, min(bucket, self.n_positions - WARMUP_NEW_TOKENS))
-            prompt = tuple((seed_ids * length)[:length])
-            rows = [RowSpec(prompt, WARMUP_NEW_TOKENS, SamplingParams())] * self._batch_size
-            try:
-                self.generate(rows, _DiscardStreamer(), lambda _row: False)
-            except Exception as exc:
-                raise RuntimeError(
-                    f"neuronx warm-up failed for context bucket {bucket} ({length} tokens x batch {self._batch_size}): "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+        seed_ids = self.encode("Hello") or [self.tokenizer.eos_token_id or 1]
+        filler = tuple(seed_ids[:1])
+        try:
+            self._warm("the other slots' 1-token prompts", [SlotRequest(s, filler) for s in range(1, self.n_slots)])
+            for bucket in self.buckets:
+                length = max(1, min(bucket, self.n_positions - 1))  # room for the decode step's position
+                prompt = tuple((seed_ids * length)[:length])
+                self._warm(f"context bucket {bucket} ({length} tokens into slot 0)", [SlotRequest(0, prompt)])
+                self.release(0)
+        finally:
+            for slot in range(self.n_slots):
+                self.release(slot)
         logger.info(
-            "neuronx: warm-up of %d context bucket(s) %s in %.1f s",
+            "neuronx: warm-up of %d context bucket(s) %s with a decode step over %d slot(s) in %.1f s",
             len(self.buckets),
             self.buckets,
+            self.n_slots,
             time.perf_counter() - started,
         )
 
+    def _warm(self, what: str, requests: list[SlotRequest]) -> None:
+        try:
+            self.prefill(requests)
+            if 0 in self._live:
+                self.decode(sorted(self._live))
+        except Exception as exc:
+            raise RuntimeError(
+                f"neuronx warm-up failed for {what}, decode over {self.n_slots} slot(s): {type(exc).__name__}: {exc}"
+            ) from exc
+
     def close(self) -> None:
-        self.generation_model = None
+        self._live.clear()
         self.model = None
-        if getattr(self, "placement", None) is not None:
+        if self.placement is not None:
             self.placement.release()
             self.placement = None
-
-
-class _DiscardStreamer:
-    def put(self, value: Any) -> None:
-        pass
-
-    def end(self) -> None:
-        pass

@@ -1,19 +1,19 @@
 """The `sim` backend: a compiled Inferentia model without weights, timed by a profile.
 
-It behaves like a static-shape Neuron model described by a profile (sim_profile.py):
-prompts are padded to a context bucket and encoded together (`prefill`), then every
-decode step produces one token per row (`decode`); each call sleeps for what the
-profile says that step takes on the device. Tokens come from the real tokenizer's
-vocabulary, drawn from a generator seeded by the prompt (and the request's seed when
-it samples), so a request's output is the same whoever its batch-mates are.
-
-`SimModel` exposes the two steps, so a step-level scheduler can drive slots itself;
-`SimBackend.generate` is the micro-batch loop built from them.
+It behaves like a transformers-neuronx model compiled for continuous batching as the
+profile (sim_profile.py) describes it: `n_slots` = the compiled batch size; a prefill
+encodes one prompt at a time (the context kernel is compiled for batch 1 under
+continuous batching, so prefilling k new rows costs k single-row prefills); a decode
+step produces one token per live slot. Each call sleeps for what the profile says it
+takes on the device. Tokens come from the real tokenizer's vocabulary, drawn from a
+generator seeded by the prompt (and the request's seed when it samples), so a
+request's output is the same whoever its batch-mates are. The "model" emits EOS after
+a random number of tokens (unless the request ignores EOS); ending there is up to
+`Sequence`, as with a real model.
 
 Time charged per step (`charge`):
-- `live_rows` (default): a decode step costs the profile's time for the rows still
-  generating, a prefill for the rows in the micro-batch;
-- `compiled_batch`: every step costs the full compiled batch, which is what a
+- `live_rows` (default): a decode step costs the profile's time for the slots in it;
+- `compiled_batch`: every decode step costs the full compiled batch, which is what a
   static-shape model that pads its batch really pays.
 """
 
@@ -23,18 +23,15 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
-from handler.backends.base import Backend, RowSpec, clamp_n_positions
-from handler.backends.hf import load_tokenizer
+from handler.backends.base import Backend, SlotRequest, TokenChoice, clamp_n_positions
 from handler.backends.sim_profile import Profile, load_profile, resolve_profile_path
+from handler.backends.tokenizer import load_tokenizer
 from handler.config import ConfigError, HandlerConfig, SimConfig
-from handler.generation import left_pad
 
 logger = logging.getLogger(__name__)
 
@@ -67,20 +64,19 @@ class RealClock:
 
 @dataclass
 class SimSlot:
-    """One request's row in the simulated model."""
+    """One request's line in the simulated model."""
 
-    row: RowSpec
+    request: SlotRequest
     rng: random.Random
-    limit: int  # tokens this row may generate
     eos_at: int | None  # the token index (1-based) that is EOS; None: never
+    position: int  # the next position to write
     generated: int = 0
-    done: bool = False
 
 
-def request_seed(row: RowSpec) -> int:
+def request_seed(request: SlotRequest) -> int:
     """Stable across processes (unlike hash()): the prompt, plus the seed when sampling."""
-    sampled_seed = row.sampling.seed if row.sampling.do_sample else None
-    key = f"{','.join(map(str, row.prompt_ids))}|{sampled_seed}".encode()
+    sampled_seed = request.sampling.seed if request.sampling.do_sample else None
+    key = f"{','.join(map(str, request.prompt_ids))}|{sampled_seed}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
@@ -94,14 +90,13 @@ def text_token_ids(tokenizer: Any) -> list[int]:
 
 
 class SimModel:
-    """The simulated device: `prefill` and `decode` steps over slots, timed by the profile."""
+    """The simulated device: `prefill` and `decode` over slots, timed by the profile."""
 
     def __init__(
         self,
         profile: Profile,
         vocab_ids: Sequence[int],
         eos_token_id: int,
-        pad_token_id: int,
         n_positions: int,
         sim: SimConfig,
         clock: Clock | None = None,
@@ -109,21 +104,12 @@ class SimModel:
         self.profile = profile
         self.vocab_ids = list(vocab_ids)
         self.eos_token_id = eos_token_id
-        self.pad_token_id = pad_token_id
         self.n_positions = n_positions
         self.sim = sim
         self.clock = clock or RealClock()
+        self.slots: dict[int, SimSlot] = {}
         self.busy_s = 0.0  # simulated device time charged so far
         self.steps = 0
-
-    def new_slot(self, row: RowSpec) -> SimSlot:
-        rng = random.Random(request_seed(row))
-        limit = max(0, min(row.max_new_tokens, self.n_positions - len(row.prompt_ids)))
-        eos_at = None if row.ignore_eos else rng.randint(1, 2 * self.sim.mean_natural_tokens - 1)
-        return SimSlot(row, rng, limit, eos_at, done=limit == 0)
-
-    def _rows(self, live: int) -> int:
-        return self.profile.batch_size if self.sim.charge == "compiled_batch" else live
 
     def _charge(self, started: float, seconds: float) -> None:
         seconds *= self.sim.time_scale
@@ -131,35 +117,41 @@ class SimModel:
         self.steps += 1
         self.clock.sleep_until(started + seconds)
 
-    def _next_token(self, slot: SimSlot) -> int:
+    def _next_token(self, slot: SimSlot) -> TokenChoice:
+        if slot.position >= self.n_positions:
+            raise ValueError(f"slot position {slot.position} is past n_positions {self.n_positions}")
+        slot.position += 1
         slot.generated += 1
-        if slot.generated == slot.eos_at:
-            token = self.eos_token_id
-            slot.done = True
-        else:
-            token = slot.rng.choice(self.vocab_ids)
-        slot.done = slot.done or slot.generated >= slot.limit
-        return token
+        token = self.eos_token_id if slot.generated == slot.eos_at else slot.rng.choice(self.vocab_ids)
+        return TokenChoice(token)  # no logits, so no logprobs
 
-    def prefill(self, slots: Sequence[SimSlot], wrap: Callable[[list[int]], Any] = list) -> Any:
-        """Encode the slots' prompts together; returns each slot's first token, passed
-        through `wrap` inside the timed step (e.g. into a tensor: work a real model's step
-        does on the host, and slow right after a sleep, so it must not add to the step)."""
-        started = self.clock.now()
-        tokens = [self.pad_token_id if s.done else self._next_token(s) for s in slots]
-        longest = max(len(s.row.prompt_ids) for s in slots)
-        out = wrap(tokens)
-        self._charge(started, self.profile.prefill_s(self._rows(len(slots)), longest))
+    def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
+        """One single-row prefill per request, one after another."""
+        out = []
+        for request in requests:
+            if request.slot in self.slots:
+                raise ValueError(f"slot {request.slot} is occupied")
+            started = self.clock.now()
+            rng = random.Random(request_seed(request))
+            eos_at = None if request.ignore_eos else rng.randint(1, 2 * self.sim.mean_natural_tokens - 1)
+            slot = SimSlot(request, rng, eos_at, position=len(request.prompt_ids))
+            self.slots[request.slot] = slot
+            out.append(self._next_token(slot))
+            self._charge(started, self.profile.prefill_s(1, len(request.prompt_ids)))
         return out
 
-    def decode(self, slots: Sequence[SimSlot], wrap: Callable[[list[int]], Any] = list) -> Any:
-        """One step for every slot not yet done (done slots get the pad token)."""
+    def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         started = self.clock.now()
-        live = sum(not s.done for s in slots)
-        tokens = [self.pad_token_id if s.done else self._next_token(s) for s in slots]
-        out = wrap(tokens)
-        self._charge(started, self.profile.decode_s(self._rows(live)))
+        unknown = [s for s in slots if s not in self.slots]
+        if unknown:
+            raise ValueError(f"decode of slot(s) {unknown} that hold no sequence")
+        out = [self._next_token(self.slots[s]) for s in slots]
+        rows = self.profile.batch_size if self.sim.charge == "compiled_batch" else len(slots)
+        self._charge(started, self.profile.decode_s(rows))
         return out
+
+    def release(self, slot: int) -> None:
+        self.slots.pop(slot, None)
 
 
 class SimBackend(Backend):
@@ -173,13 +165,13 @@ class SimBackend(Backend):
         self.profile = load_profile(resolve_profile_path(config.sim.profile, model_dir))
         self.tokenizer = load_tokenizer(checkpoint, config.trust_remote_code)
         self.eos_token_ids = frozenset({self.tokenizer.eos_token_id})
+        self.n_slots = self.profile.batch_size
         vocab_ids = text_token_ids(self.tokenizer)
         self.n_positions = clamp_n_positions(config.n_positions, self.profile.n_positions, "profile")
         self.model = SimModel(
             self.profile,
             vocab_ids,
             self.tokenizer.eos_token_id,
-            self.tokenizer.pad_token_id,
             self.n_positions,
             config.sim,
             clock,
@@ -202,23 +194,11 @@ class SimBackend(Backend):
         for _ in range(20):
             clock.sleep_until(clock.now() + 0.005)
 
-    @property
-    def static_batch_size(self) -> int:
-        return self.profile.batch_size
+    def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
+        return self.model.prefill(requests)
 
-    def generate(self, rows: Sequence[RowSpec], streamer: Any, is_finished: Callable[[int], bool]) -> None:
-        if len(rows) > self.profile.batch_size:
-            raise ValueError(f"{len(rows)} rows exceed the compiled batch size {self.profile.batch_size}")
-        streamer.put(left_pad([r.prompt_ids for r in rows], self.model.pad_token_id)[0])
-        slots = [self.model.new_slot(row) for row in rows]
-        streamer.put(self.model.prefill(slots, _as_tensor))
-        while True:
-            for i, slot in enumerate(slots):
-                slot.done = slot.done or is_finished(i)
-            if all(slot.done for slot in slots):
-                return
-            streamer.put(self.model.decode(slots, _as_tensor))
+    def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
+        return self.model.decode(slots)
 
-
-def _as_tensor(tokens: list[int]) -> torch.Tensor:
-    return torch.tensor(tokens, dtype=torch.long)
+    def release(self, slot: int) -> None:
+        self.model.release(slot)

@@ -1,15 +1,17 @@
 """The `handler.neuronx:` section of model-config.yaml (read only by the neuronx backend).
 
 The model-wide keys the neuronx backend shares with the others stay in `handler:`
-(`tp_degree`, `amp`, `n_positions`) and `micro_batching.micro_batch_size` is the compiled
-batch size; everything only transformers-neuronx understands lives here.
+(`tp_degree`, `amp`, `n_positions`) and `scheduler.n_slots` is the compiled batch size
+(transformers-neuronx's `max_num_seqs`); everything only transformers-neuronx understands
+lives here.
 
 `neuron_config` passes keywords through to transformers-neuronx's NeuronConfig, except
-those this backend cannot honour (REFUSED_NEURON_CONFIG): it drives a static batch through
-Hugging Face `generate`, left-padding each micro-batch and sending 1-D cache ids, and it
-reads `[batch, vocab]` logits. A keyword that makes the SDK expect right-padded rows with
-2-D cache ids, or return something else, would compile and run, and answer with corrupt
-text; so it fails the start instead, naming the key.
+those this backend owns or cannot honour (REFUSED_NEURON_CONFIG). It runs the SDK's
+continuous batching, which it configures itself from `scheduler.n_slots`, sends right-padded
+rows with 2-D cache ids and sequence slots, and samples each slot on the host from
+`[n, vocab]` logits. A keyword that would change any of that either fails in the SDK, is
+silently overridden by it, or compiles and answers with corrupt text; so it fails the start
+instead, naming the key.
 """
 
 from __future__ import annotations
@@ -23,41 +25,53 @@ from pydantic_core import PydanticCustomError
 
 GQA_SHARDING = ("shard-over-heads", "shard-over-batch", "replicated-heads", "all-gather-heads")
 NEURON_CONFIG_KEY = "handler.neuronx.neuron_config"
+# The smallest context bucket: a 1-token prompt's 2-token row must be shorter (handler/backends/neuronx.py).
+MIN_BUCKET = 3
 
 Option = bool | int | float | str
 
-_RIGHT_ALIGNED = (
-    "it makes transformers-neuronx expect right-padded rows with 2-D cache ids (NeuronConfig.lhs_aligned), but this "
-    "backend left-pads each static micro-batch and sends 1-D cache ids: the model would read the wrong KV "
-    "positions and answer with corrupt text"
+_OWNED = (
+    "the backend configures continuous batching itself, as ContinuousBatchingConfig(max_num_seqs=scheduler.n_slots) "
+    "with batch_size = scheduler.n_slots; set scheduler.n_slots instead"
 )
-_CONTINUOUS_BATCHING = (
-    "it turns on continuous batching (sequence slots, right padding, 2-D cache ids), which this backend's static, "
-    "left-padded micro-batches cannot drive"
+_PADDING = (
+    "continuous batching fixes the padding: right-padded rows with 2-D cache ids, which transformers-neuronx forces "
+    "(padding_side 'right', lhs_aligned) whatever this key says, and which the backend sends itself"
 )
-_NEEDS_LOGITS = "this backend samples through Hugging Face generate, which needs [batch, vocab] logits"
+_BSH = (
+    "under continuous batching a BSH cache layout needs n_positions and context_length_estimate as one-bucket lists "
+    "and encodes prompts as concatenated 1-D queries, which this backend does not send"
+)
+_NEEDS_LOGITS = "this backend samples each slot on the host (handler/sampling.py), which needs [n, vocab] logits"
 _OUTPUT_SHAPE = f"it changes what the model's forward() returns; {_NEEDS_LOGITS}"
 _ON_DEVICE = f"it samples on the device, so forward() returns token ids; {_NEEDS_LOGITS}"
 _EAGLE = f"it is EAGLE speculation, whose forward() also returns hidden states; {_NEEDS_LOGITS}"
+
+
+def _any(_value: Option) -> bool:
+    return True
 
 
 def _truthy(value: Option) -> bool:
     return bool(value)
 
 
-def _not_left(value: Option) -> bool:
-    return value != "left"
+def _bsh(value: Option) -> bool:
+    return str(value).upper() == "BSH"
 
 
-# key -> (is the value refused?, why); the real NeuronConfig sets lhs_aligned from padding_side == 'right',
-# then from the deprecated use_2d_cache_ids / lhs_aligned keywords, and forces it on with continuous batching.
+# key -> (is the value refused?, why). transformers-neuronx 0.13's NeuronConfig derives lhs_aligned from
+# padding_side == 'right', then from the deprecated use_2d_cache_ids / lhs_aligned keywords, and forces it on
+# (with padding_side 'right') when continuous batching is set: so under continuous batching those three keys
+# are either redundant or silently overridden, and every value is refused.
 REFUSED_NEURON_CONFIG: dict[str, tuple[Callable[[Option], bool], str]] = {
-    "padding_side": (_not_left, _RIGHT_ALIGNED),
-    "lhs_aligned": (_truthy, _RIGHT_ALIGNED),
-    "use_2d_cache_ids": (_truthy, _RIGHT_ALIGNED),
-    "continuous_batching": (_truthy, _CONTINUOUS_BATCHING),
-    "batch_size_for_shared_caches": (lambda _value: True, _CONTINUOUS_BATCHING),
-    "max_num_seqs": (lambda _value: True, _CONTINUOUS_BATCHING),
+    "continuous_batching": (_any, _OWNED),
+    "batch_size_for_shared_caches": (_any, _OWNED),
+    "max_num_seqs": (_any, _OWNED),
+    "padding_side": (_any, _PADDING),
+    "lhs_aligned": (_any, _PADDING),
+    "use_2d_cache_ids": (_any, _PADDING),
+    "cache_layout": (_bsh, _BSH),
     "output_all_logits": (_truthy, _OUTPUT_SHAPE),
     "log_softmax_scores": (_truthy, _OUTPUT_SHAPE),
     "on_device_generation": (_truthy, _ON_DEVICE),
@@ -86,7 +100,10 @@ class NeuronxConfig(BaseModel):
     )
     context_length_estimate: list[int] | None = Field(
         default=None,
-        description="prompt (context encoding) buckets; default: powers of two from 128 up to n_positions",
+        description=(
+            "prompt (context encoding) buckets, at least 3 tokens each; default: powers of two from 128 up to "
+            "n_positions. The largest is the longest prompt served (a longer one is answered 400)"
+        ),
     )
     group_query_attention: (
         Literal["shard-over-heads", "shard-over-batch", "replicated-heads", "all-gather-heads"] | None
@@ -97,9 +114,10 @@ class NeuronxConfig(BaseModel):
     neuron_config: dict[str, Option] = Field(
         default_factory=dict,
         description=(
-            "more NeuronConfig keywords, e.g. {fuse_qkv: true}; unknown ones fail start, and so do those a static, "
-            "left-padded micro-batch cannot honour (padding_side other than left, lhs_aligned, use_2d_cache_ids, "
-            "continuous batching, output_all_logits, log_softmax_scores, on_device_generation, EAGLE)"
+            "more NeuronConfig keywords, e.g. {fuse_qkv: true}; unknown ones fail start, and so do those the backend "
+            "owns or cannot honour (continuous_batching, batch_size_for_shared_caches, max_num_seqs, padding_side, "
+            "lhs_aligned, use_2d_cache_ids, cache_layout BSH, output_all_logits, log_softmax_scores, "
+            "on_device_generation, EAGLE)"
         ),
     )
     compiler_flags: list[str] = Field(default_factory=list, description="extra neuronx-cc flags for NEURON_CC_FLAGS")
@@ -139,8 +157,12 @@ class NeuronxConfig(BaseModel):
     def _buckets(cls, value: list[int] | None) -> list[int] | None:
         if value is None:
             return None
-        if not value or any(b < 1 for b in value):
-            raise ValueError("must be a non-empty list of positive token counts, e.g. [128, 512, 1024]")
+        if not value or any(b < MIN_BUCKET for b in value):
+            raise ValueError(
+                f"must be a non-empty list of token counts of at least {MIN_BUCKET}, e.g. [128, 512, 1024]: a 1-token "
+                "prompt is encoded as a 2-token row that its bucket must pad (the SDK keeps the given cache ids of a "
+                "row that fills its bucket exactly, and this row's are [0, 0])"
+            )
         if sorted(set(value)) != value:
             raise ValueError("must be strictly increasing, e.g. [128, 512, 1024]")
         return value

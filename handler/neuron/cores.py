@@ -3,7 +3,7 @@
 N workers of one model share the instance: worker k takes the contiguous range
 [k * tp_degree, (k + 1) * tp_degree) through NEURON_RT_VISIBLE_CORES. The ordinal k is
 TorchServe's `gpu_id` when it hands one out (config.properties `number_of_gpu`; see
-docs/readme-inferentia2.md for the one catch on inf2), else a free slot claimed with
+docs/inferentia2.md for the one catch on inf2), else a free slot claimed with
 per-core lock files that the kernel releases when a worker dies, so a restarted worker
 gets its cores back.
 """

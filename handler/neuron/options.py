@@ -1,5 +1,5 @@
-"""NeuronConfig from `handler.neuronx`, and which model-config.yaml key a refusal of
-transformers-neuronx comes from.
+"""NeuronConfig from `handler.neuronx` (with the backend's continuous batching), and which
+model-config.yaml key a refusal of transformers-neuronx comes from.
 
 transformers-neuronx checks its settings with bare `assert`s and a few ValueErrors
 (NeuronConfig's own checks, `PretrainedModel.from_pretrained`'s `_sanity_check`, the model
@@ -10,6 +10,7 @@ the operator wrote; what cannot be traced is put on `handler.neuronx.neuron_conf
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -23,12 +24,13 @@ SDK_ERRORS = (AssertionError, NotImplementedError, TypeError, ValueError)
 DERIVED_OPTIONS = {
     "group_query_attention": "handler.neuronx.group_query_attention",
     "quant": "handler.neuronx.quantize_weights",
+    "continuous_batching": "scheduler.n_slots",
 }
 # from_pretrained keywords -> model-config.yaml keys
 MODEL_SETTINGS = {
     "context_length_estimate": "handler.neuronx.context_length_estimate",
     "n_positions": "handler.n_positions",
-    "batch_size": "micro_batching.micro_batch_size",
+    "batch_size": "scheduler.n_slots",
     "tp_degree": "handler.tp_degree",
     "amp": "handler.amp",
 }
@@ -82,39 +84,53 @@ def culprit(options: Mapping[str, Any], fits: Callable[[dict[str, Any]], bool]) 
     return found[0] if len(found) == 1 else None
 
 
-def right_aligned(neuron_config: Any) -> str | None:
-    """What in a built NeuronConfig makes the SDK expect right-padded rows / 2-D cache ids, or None.
-    Asked of the object itself, so a release that derives lhs_aligned differently is still caught."""
-    if getattr(neuron_config, "continuous_batching", None):
-        return "continuous_batching set"
-    if getattr(neuron_config, "lhs_aligned", False) or getattr(neuron_config, "use_2d_cache_ids", False):
-        return "lhs_aligned=True"
-    side = getattr(neuron_config, "padding_side", "left")
-    if side != "left":
+def continuous_batching_problem(neuron_config: Any) -> str | None:
+    """What in a built NeuronConfig keeps the SDK from continuous batching with right-padded rows and
+    2-D cache ids (what the backend sends), or None. transformers-neuronx 0.13 forces lhs_aligned and
+    padding_side 'right' whenever continuous_batching is set (config.py, NeuronConfig.__init__); asked
+    of the object itself, so a release that derives them differently fails the start instead of
+    answering with corrupt text."""
+    if not getattr(neuron_config, "continuous_batching", None):
+        return "no continuous_batching"
+    if not getattr(neuron_config, "lhs_aligned", False):
+        return "lhs_aligned=False"
+    side = getattr(neuron_config, "padding_side", "right")
+    if side != "right":
         return f"padding_side={side!r}"
     return None
 
 
 def build(neuron_config_cls: Callable[..., Any], options: dict[str, Any]) -> Any:
-    """NeuronConfig(**options), or a ConfigError naming the key it refused or the left-padded path cannot honour."""
+    """NeuronConfig(**options), or a ConfigError naming the key it refused; the result must serve
+    continuous batching (`continuous_batching_problem`)."""
     try:
         built = neuron_config_cls(**options)
     except SDK_ERRORS as exc:
         key = _refused_key(neuron_config_cls, options, exc)
         raise ConfigError(
-            f"model-config.yaml: {key}: transformers-neuronx's NeuronConfig refused {options}: "
+            f"model-config.yaml: {key}: transformers-neuronx's NeuronConfig refused {_shown(options)}: "
             f"{type(exc).__name__}: {exc}"
         ) from None
-    problem = right_aligned(built)
+    problem = continuous_batching_problem(built)
     if problem is not None:
-        suspect = culprit(options, lambda subset: _fits_left_padding(_try(neuron_config_cls, subset)))
-        key = option_key(suspect) if suspect else NEURON_CONFIG_KEY
         raise ConfigError(
-            f"model-config.yaml: {key}: the NeuronConfig built from {options} comes out with {problem}: "
-            "transformers-neuronx would expect right-padded rows with 2-D cache ids, but this backend left-pads each "
-            "static micro-batch and sends 1-D cache ids, which would give corrupt text; remove the key"
+            f"model-config.yaml: {NEURON_CONFIG_KEY}: the NeuronConfig built from {_shown(options)} comes out with "
+            f"{problem}: this transformers-neuronx does not run continuous batching with right-padded rows and 2-D "
+            "cache ids as 0.13 does, and this backend sends nothing else; install the SDK 2.25 pins "
+            "(requirements-neuron.txt)"
         )
     return built
+
+
+def _shown(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options as the operator would recognise them (the SDK's config objects by their settings)."""
+
+    def shown(value: Any) -> Any:
+        if isinstance(value, enum.Enum):
+            return value.value
+        return vars(value) if hasattr(value, "__dict__") else value
+
+    return {key: shown(value) for key, value in options.items()}
 
 
 def _refused_key(neuron_config_cls: Callable[..., Any], options: dict[str, Any], exc: BaseException) -> str:
@@ -122,10 +138,6 @@ def _refused_key(neuron_config_cls: Callable[..., Any], options: dict[str, Any],
     if option is None:
         option = culprit(options, lambda subset: _try(neuron_config_cls, subset) is not None)
     return option_key(option) if option else NEURON_CONFIG_KEY
-
-
-def _fits_left_padding(neuron_config: Any | None) -> bool:
-    return neuron_config is not None and right_aligned(neuron_config) is None
 
 
 def _try(neuron_config_cls: Callable[..., Any], options: dict[str, Any]) -> Any | None:

@@ -11,8 +11,10 @@ PROFILE_13B = REPO / "profiles" / "llama-2-13b-inf2-48xl-tp24.yaml"
 
 
 def sim_model_yaml(model_dir: Path, micro_batch_size: int = 8, **sim: Any) -> dict[str, Any]:
+    """Static mode (micro_batch_size rows per micro-batch, the profile's 8 slots)."""
     return {
         "batchSize": 8,
+        "scheduler": {"mode": "static", "n_slots": 8},
         "handler": {
             "model_checkpoint_dir": str(model_dir),
             "backend": "sim",

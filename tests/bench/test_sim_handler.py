@@ -63,15 +63,13 @@ def test_a_micro_batch_of_several_requests(served):
     assert [r.lines[-1]["usage"]["completion_tokens"] for r in replies] == [5, 6, 7, 8, 9]
 
 
-def test_micro_batch_above_the_compiled_batch_fails_initialize(tiny_model_dir):
-    """The 7B profile is compiled for batch 8: a micro-batch of 16 could never run."""
-    raw = sim_model_yaml(tiny_model_dir, micro_batch_size=16)
-    raw["batchSize"] = 16
+def test_slots_other_than_the_compiled_batch_fail_initialize(tiny_model_dir):
+    """The 7B profile is compiled for batch 8: scheduler.n_slots must say 8."""
+    raw = sim_model_yaml(tiny_model_dir, micro_batch_size=4)
+    raw["scheduler"]["n_slots"] = 4
     handler = Inf2StreamingHandler()
     try:
-        with pytest.raises(
-            ConfigError, match=r"micro_batch_size \(16\) is above the sim model's compiled batch size \(8\)"
-        ):
+        with pytest.raises(ConfigError, match=r"scheduler\.n_slots \(4\) does not match the sim model's 8 slots"):
             handler.initialize(make_context(raw, str(tiny_model_dir)))
     finally:
         handler.shutdown()

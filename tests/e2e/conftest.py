@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
+from tests.modes import MODES, with_mode
 from tests.torchserve_process import TorchServe, start_torchserve
 
 FAILPOINT_MARKER = "<<fail-inside-generate>>"
@@ -27,11 +28,13 @@ E2E_MODEL_CONFIG = {
 }
 
 
-@pytest.fixture(scope="package")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    """One torchserve for the e2e tests of this package; stopped even if a test fails."""
-    workdir = tmp_path_factory.mktemp("torchserve")
-    ts = start_torchserve(workdir, tiny_model_dir, E2E_MODEL_CONFIG, env={FAILPOINT_ENV: FAILPOINT_MARKER})
+@pytest.fixture(scope="package", params=MODES)
+def server(request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
+    """One torchserve per scheduling mode for the e2e tests of this package; stopped even if a test fails."""
+    workdir = tmp_path_factory.mktemp(f"torchserve-{request.param}")
+    config = with_mode(E2E_MODEL_CONFIG, request.param)
+    ts = start_torchserve(workdir, tiny_model_dir, config, env={FAILPOINT_ENV: FAILPOINT_MARKER})
+    ts.mode = request.param
     try:
         yield ts
     finally:

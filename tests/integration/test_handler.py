@@ -14,6 +14,7 @@ def model_yaml(model_dir, **handler):
     return {
         "batchSize": 4,
         "handler": {"model_checkpoint_dir": str(model_dir), "n_positions": 128, "max_new_tokens": 100, **handler},
+        "scheduler": {"mode": "static", "n_slots": 2},
         "micro_batching": {"micro_batch_size": 2, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 1}},
     }
 
@@ -37,7 +38,7 @@ def test_streams_ndjson_with_final_usage(served, tiny_tokenizer):
         (reply,) = batch(served, [{"prompt": "Today the weather is", "max_new_tokens": 20, "ignore_eos": True}])
     assert reply.status == 200
     assert reply.content_type == "application/x-ndjson"
-    assert_streamed_while_generating(reply, ends[0])  # text went out before the end
+    assert_streamed_while_generating(reply, ends[-1])  # text went out before the end
     lines = reply.lines
     assert all(set(line) == {"text"} for line in lines[:-1])
     last = lines[-1]
@@ -149,7 +150,7 @@ def test_failure_inside_generate_answers_and_worker_keeps_serving(served, monkey
             ],
         )
     assert streamed.status == 200
-    assert_streamed_while_generating(streamed, ends[0])  # failed mid-stream: error in-band as the last line
+    assert_streamed_while_generating(streamed, ends[-1])  # failed mid-stream: error in-band as the last line
     assert streamed.lines[-1]["error"]["type"] == "server_error"
     assert whole.status == 500
     assert "injected failure" in json.loads(whole.final)["error"]["message"]

@@ -8,8 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from handler.metrics import ALL_METRICS
+from handler.metrics import ALL_METRICS, FILL
 from tests.bench.conftest import sim_model_yaml
+from tests.modes import MODES, with_mode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 # The bench's server: the properties `make serve` gets too (metrics_mode=prometheus,
@@ -17,29 +18,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import bench_server
 
 
-def wanted_series() -> set[str]:
-    return {f"{m.name}_count" if m.metric_type.value == "histogram" else m.name for m in ALL_METRICS}
+def wanted_series(mode: str) -> set[str]:
+    """Static mode has the per-request and micro-batch metrics; continuous all but the fill ratio."""
+    specs = [m for m in ALL_METRICS if m is not FILL] if mode == "continuous" else ALL_METRICS[:5]
+    return {f"{m.name}_count" if m.metric_type.value == "histogram" else m.name for m in specs}
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
-def test_prometheus_scrape_finds_token_metrics_after_a_request(tiny_model_dir, tmp_path, request):
+@pytest.mark.parametrize("mode", MODES)
+def test_prometheus_scrape_finds_token_metrics_after_a_request(mode, tiny_model_dir, tmp_path, request):
     assert bench_server.METRICS_PROPERTIES["metrics_mode"] == "prometheus"
-    config = {**sim_model_yaml(tiny_model_dir, time_scale=0.2), "minWorkers": 1, "maxWorkers": 1, "maxBatchDelay": 5}
+    base = {**sim_model_yaml(tiny_model_dir, time_scale=0.2), "minWorkers": 1, "maxWorkers": 1, "maxBatchDelay": 5}
+    config = with_mode(base, mode, n_slots=8)
     server = bench_server.start(tmp_path / "ts", tiny_model_dir, config, timeout=90)  # fails with the log tail
     try:
         body = {"prompt": "Today the weather is", "max_new_tokens": 8, "ignore_eos": True}
         headers = {**server.headers, "X-Request-Start": f"t={time.time():.6f}"}
         url = f"{server.url}/predictions/{server.model_name}"
+        if mode == "continuous":  # a client that leaves mid-stream, noticed on the next call
+            long = {"prompt": "Leave early", "max_new_tokens": 1000, "ignore_eos": True}
+            with httpx.stream("POST", url, json=long, headers=server.headers, timeout=60) as response:
+                assert response.status_code == 200
+                next(response.iter_lines())
         with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
             assert response.status_code == 200
             lines = [line for line in response.iter_lines() if line]
         assert '"completion_tokens": 8' in lines[-1]
 
-        deadline, text, missing = time.monotonic() + 20, "", wanted_series()
+        deadline, text, missing = time.monotonic() + 20, "", wanted_series(mode)
         while missing and time.monotonic() < deadline:
             text = server.scrape_metrics()
-            missing = {w for w in wanted_series() if not any(line.startswith(w) for line in text.splitlines())}
+            missing = {w for w in wanted_series(mode) if not any(line.startswith(w) for line in text.splitlines())}
             time.sleep(0.2 if missing else 0)
         assert not missing, f"not in /metrics: {sorted(missing)}\n{text[:3000]}"
         tokens = [line for line in text.splitlines() if line.startswith("llm_generated_tokens")]

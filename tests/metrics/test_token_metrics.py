@@ -10,13 +10,20 @@ import ts
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 import handler.metrics
+from handler.engine import StepRecord
 from handler.metrics import (
     ALL_METRICS,
+    CANCELLED,
+    DECODE_STEP,
     FILL,
     GENERATED_TOKENS,
     ITL,
+    OCCUPIED,
+    PREFILL_STEP,
     QUEUE_WAIT,
+    ROUND_TRIP,
     TTFT,
+    WAITING,
     TokenMetrics,
     arrival_time,
     parse_request_start,
@@ -24,8 +31,10 @@ from handler.metrics import (
 )
 
 
-def sequence(received=10.0, first=10.2, last=11.2, tokens=11):
-    return SimpleNamespace(received_at=received, first_token_at=first, last_token_at=last, completion_tokens=tokens)
+def sequence(received=10.0, first=10.2, last=11.2, tokens=11, admitted=None):
+    return SimpleNamespace(
+        received_at=received, first_token_at=first, last_token_at=last, completion_tokens=tokens, admitted_at=admitted
+    )
 
 
 class FrozenClock:
@@ -112,11 +121,34 @@ def test_the_calls_are_valid_for_torchserves_metric_cache(caplog):
     metrics = TokenMetrics(compiled_batch_size=4)
     metrics.micro_batch_started(ctx, [time.perf_counter()])
     metrics.request_finished(ctx, sequence())
+    continuous_mode_metrics(metrics, ctx)
     assert not metrics._warned
     assert "Failed" not in caplog.text
-    assert sum("[METRICS]llm_" in r.getMessage() for r in caplog.records) == len(ALL_METRICS)
+    assert {
+        r.getMessage().split("[METRICS]")[1].split(".")[0] for r in caplog.records if "[METRICS]llm_" in r.getMessage()
+    } == {spec.name for spec in ALL_METRICS}
     for spec in ALL_METRICS:
         assert cache.get_metric(spec.name, spec.metric_type) is not None
+
+
+def continuous_mode_metrics(metrics: TokenMetrics, ctx) -> None:
+    metrics.request_finished(ctx, sequence(admitted=10.05))
+    metrics.engine_steps(ctx, [StepRecord(0.03, 0.01, 1, 3, 3, 2), StepRecord(None, 0.012, 0, 3, 3, 1)], 3, 1)
+    metrics.round_trip(ctx, 0.0015)
+    metrics.cancelled(ctx)
+
+
+def test_continuous_mode_metrics(clock):
+    recorder = Recorder()
+    ctx = SimpleNamespace(metrics=recorder)
+    continuous_mode_metrics(TokenMetrics(compiled_batch_size=4), ctx)
+    by_name = {}
+    for name, value, _, _ in recorder.calls:
+        by_name.setdefault(name, []).append(value)
+    assert by_name[QUEUE_WAIT.name] == [pytest.approx(0.05)]  # arrival to its slot
+    assert by_name[PREFILL_STEP.name] == [0.03] and by_name[DECODE_STEP.name] == [0.01, 0.012]
+    assert (by_name[OCCUPIED.name], by_name[WAITING.name]) == ([3], [1])
+    assert by_name[ROUND_TRIP.name] == [0.0015] and by_name[CANCELLED.name] == [1]
 
 
 def test_a_broken_metrics_object_never_fails_a_request():

@@ -1,13 +1,14 @@
 """Fixtures for the neuronx backend tests: the fake transformers-neuronx on sys.path, a
-private copy of the tiny checkpoint per test (artifacts are written next to it), and
-handlers driven through the TorchServe harness; `calls` reads the fake's call log."""
+private copy of the tiny checkpoint per test (artifacts are written next to it), the
+backend started directly (`start_backend`) or through the handler (`start_handler`, for the
+tests that need the engine), a minimal step driver; `calls` reads the fake's call log."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +71,15 @@ def calls(call_log: Path, name: str) -> list[dict[str, Any]]:
     return [call for call in map(json.loads, filter(None, lines)) if call["call"] == name]
 
 
-def neuronx_yaml(checkpoint: Path, workers: int = 1, micro_batch_size: int = 2, **handler: Any) -> dict[str, Any]:
+def neuronx_yaml(checkpoint: Path, workers: int = 1, n_slots: int = 2, **handler: Any) -> dict[str, Any]:
+    """A model-config.yaml for continuous batching on neuronx: `n_slots` is the compiled batch size."""
     neuronx = {"num_cores": 2, **handler.pop("neuronx", {})}
     return {
         "minWorkers": workers,
         "maxWorkers": workers,
-        "batchSize": 4,
+        "continuousBatching": True,
+        "batchSize": 2 * n_slots,
+        "scheduler": {"mode": "continuous", "n_slots": n_slots},
         "handler": {
             "model_checkpoint_dir": str(checkpoint),
             "backend": "neuronx",
@@ -86,8 +90,69 @@ def neuronx_yaml(checkpoint: Path, workers: int = 1, micro_batch_size: int = 2, 
             **handler,
             "neuronx": neuronx,
         },
-        "micro_batching": {"micro_batch_size": micro_batch_size},
     }
+
+
+@pytest.fixture
+def start_backend() -> Iterator[Callable[..., Any]]:
+    """start_backend(model_yaml, gpu_id=None, warmup=True) -> NeuronxBackend, built as the loader builds
+    it (the worker count from minWorkers/maxWorkers) and warmed up; every backend is closed afterwards."""
+    from handler.backends.neuronx import NeuronxBackend
+    from handler.config import ServingConfig
+    from handler.neuron.cores import workers_of
+
+    started: list[Any] = []
+
+    def start(model_yaml: dict[str, Any], gpu_id: int | None = None, warmup: bool = True) -> Any:
+        config = ServingConfig.from_model_yaml(model_yaml)
+        checkpoint = Path(model_yaml["handler"]["model_checkpoint_dir"])
+        backend = NeuronxBackend(config, checkpoint, gpu_id, workers_of(model_yaml))
+        started.append(backend)
+        if warmup:
+            backend.warmup()  # as the service does after loading
+        return backend
+
+    yield start
+    for backend in started:
+        backend.close()
+
+
+def greedy(slot: int, prompt: Sequence[int], **fields: Any) -> Any:
+    from handler.backends.base import SlotRequest
+
+    return SlotRequest(slot, tuple(prompt), **fields)
+
+
+class Driver:
+    """The engine's part, minimal: prefill into free slots, decode every live slot, release at a
+    length. `tokens[slot]` holds what each slot's current sequence produced."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.tokens: dict[int, list[int]] = {}
+        self.finished: list[list[int]] = []
+
+    def join(self, *requests: Any) -> None:
+        for request, choice in zip(requests, self.backend.prefill(list(requests)), strict=True):
+            self.tokens[request.slot] = [choice.token_id]
+
+    def step(self) -> None:
+        slots = sorted(self.tokens)
+        for slot, choice in zip(slots, self.backend.decode(slots), strict=True):
+            self.tokens[slot].append(choice.token_id)
+
+    def leave(self, slot: int) -> list[int]:
+        self.backend.release(slot)
+        return self.tokens.pop(slot)
+
+
+def run_alone(backend: Any, prompt: Sequence[int], new_tokens: int, slot: int = 0) -> list[int]:
+    """A greedy sequence with the backend to itself."""
+    driver = Driver(backend)
+    driver.join(greedy(slot, prompt))
+    for _ in range(new_tokens - 1):
+        driver.step()
+    return driver.leave(slot)
 
 
 @pytest.fixture
@@ -108,3 +173,19 @@ def start_handler() -> Iterator[Callable[..., Any]]:
     yield start
     for handler in started:
         handler.shutdown()
+
+
+def hf_greedy(checkpoint: Path, prompt: Sequence[int], new_tokens: int) -> list[int]:
+    """The reference: the Hugging Face model itself, greedy, one token at a time over the whole sequence."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    version = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    dtype = {"dtype" if version >= (4, 56) else "torch_dtype": torch.float32}
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, local_files_only=True, **dtype).eval()
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]

@@ -19,4 +19,4 @@ def test_auto_backend(checkpoint, start_handler, monkeypatch, tmp_path, devices,
     model_yaml = neuronx_yaml(checkpoint)
     model_yaml["handler"]["backend"] = "auto"
     handler, _ = start_handler(model_yaml)
-    assert handler.service.backend.name == expected
+    assert handler.serving.service.backend.name == expected

@@ -1,6 +1,7 @@
-"""On a real inf2 host only: the real transformers-neuronx compiles, saves, reloads and generates.
+"""On a real inf2 host only: the real transformers-neuronx compiles, saves, reloads and serves
+the step contract with continuous batching.
 
-Run there with `make test-neuron` (see docs/readme-inferentia2.md). Skipped elsewhere,
+Run there with `make test-neuron` (see docs/inferentia2.md). Skipped elsewhere,
 and whenever the transformers_neuronx found is the test fake.
 """
 
@@ -12,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.neuron.conftest import FAKES, neuronx_yaml
-from tests.torchserve_harness import run_batch
+from tests.neuron.conftest import FAKES, Driver, greedy, neuronx_yaml, run_alone
 
 pytestmark = pytest.mark.neuron
 
@@ -40,14 +40,30 @@ def real_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.timeout(1800)
-def test_real_device_compiles_once_then_loads_and_generates(real_checkpoint, start_handler):
-    model_yaml = neuronx_yaml(real_checkpoint, tp_degree=1, neuronx={"num_cores": None})
-    handler, context = start_handler(model_yaml)
-    assert handler.service.backend.path_taken == "compile"
-    [reply] = run_batch(handler, context, [{"prompt": "Today the weather is", "max_new_tokens": 8}])
-    assert reply.status == 200 and reply.lines[-1]["usage"]["completion_tokens"] >= 1
-    handler.shutdown()
-    handler, context = start_handler(model_yaml)
-    assert handler.service.backend.path_taken == "load"
-    [again] = run_batch(handler, context, [{"prompt": "Today the weather is", "max_new_tokens": 8, "stream": False}])
-    assert again.status == 200
+def test_real_device_compiles_once_then_loads_and_serves_continuous_batching(real_checkpoint, start_backend):
+    """On the device: compile, then load; a request that joins mid-decode (a 1-token prompt too) gets
+    the tokens it gets alone, and the others' tokens do not change (the decode-kernel trap)."""
+    model_yaml = neuronx_yaml(
+        real_checkpoint, n_slots=3, tp_degree=1, neuronx={"num_cores": None, "context_length_estimate": [16, 256]}
+    )
+    backend = start_backend(model_yaml)
+    assert backend.path_taken == "compile"
+    backend.close()
+    backend = start_backend(model_yaml)
+    assert backend.path_taken == "load"
+
+    a, b = backend.encode("Today the weather is"), backend.encode("Once upon a time there was")
+    one = backend.encode("Today")[:1]
+    alone = {"a": run_alone(backend, a, 12), "b": run_alone(backend, b, 12), "one": run_alone(backend, one, 6)}
+    driver = Driver(backend)
+    driver.join(greedy(0, a))
+    for _ in range(3):
+        driver.step()
+    driver.join(greedy(1, b))
+    driver.step()
+    driver.join(greedy(2, one))
+    for _ in range(10):
+        driver.step()
+    assert driver.leave(2)[:6] == alone["one"]
+    assert driver.leave(1)[:12] == alone["b"]
+    assert driver.leave(0)[:12] == alone["a"]

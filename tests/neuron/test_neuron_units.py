@@ -45,7 +45,11 @@ def test_compile_cache_key_overrides_only_the_compile_cache(tmp_path):
 
 @pytest.mark.parametrize("value", ["compile-cache", "./cache", "~/cache"])
 def test_compile_cache_must_be_absolute_or_s3(value):
-    raw = {"handler": {"model_checkpoint_dir": "m", "neuronx": {"compile_cache": value}}}
+    raw = {
+        "continuousBatching": True,
+        "batchSize": 8,
+        "handler": {"model_checkpoint_dir": "m", "neuronx": {"compile_cache": value}},
+    }
     with pytest.raises(ConfigError, match=r"handler\.neuronx\.compile_cache: .*absolute local path .* or an s3:// URL"):
         ServingConfig.from_model_yaml(raw)
 
@@ -106,7 +110,8 @@ def test_auto_picks_neuronx_only_with_package_and_device(tmp_path, monkeypatch, 
     assert choose_backend(dev) == ("hf", "no a Neuron device (/dev/neuron*)")
     (dev / "neuron0").touch()
     assert choose_backend(dev)[0] == "neuronx"
-    config = ServingConfig.from_model_yaml({"handler": {"model_checkpoint_dir": "m", "backend": "auto"}})
+    raw = {"continuousBatching": True, "batchSize": 8, "handler": {"model_checkpoint_dir": "m", "backend": "auto"}}
+    config = ServingConfig.from_model_yaml(raw)
     with caplog.at_level(logging.INFO):
         assert resolve_auto(config, dev).handler.backend == "neuronx"
     assert "backend auto: using neuronx (transformers-neuronx is installed and 1 Neuron device(s)" in caplog.text

@@ -1,11 +1,10 @@
-"""`handler.neuronx.neuron_config` and the other settings transformers-neuronx checks:
-what the static, left-padded path cannot honour is refused before the SDK loads, and the
-SDK's own refusals (NeuronConfig asserts, from_pretrained's sanity checks, constructor
-ValueErrors) become a ConfigError naming the key."""
+"""`handler.neuronx.neuron_config` and the other settings transformers-neuronx checks: what
+the backend owns (continuous batching and the padding it implies) or cannot honour is refused
+before the SDK loads, and the SDK's own refusals (NeuronConfig asserts, from_pretrained's
+sanity checks, constructor ValueErrors) become a ConfigError naming the key."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
@@ -14,101 +13,130 @@ from handler.config import ConfigError
 from handler.neuron import options
 from handler.neuron.config import REFUSED_NEURON_CONFIG
 from tests.neuron.conftest import calls, neuronx_yaml
-from tests.torchserve_harness import run_batch
 
 pytestmark = [
     pytest.mark.usefixtures("fake_neuronx"),
     pytest.mark.filterwarnings("ignore:NeuronConfig `.*` argument is deprecated"),
 ]
 
-# every keyword that makes the real NeuronConfig come out lhs_aligned (right-padded rows, 2-D cache ids)
-RIGHT_ALIGNED = [
+# the keywords from which the real NeuronConfig derives lhs_aligned / padding_side
+PADDING_KEYS = [
     ("padding_side", "right"),
+    ("padding_side", "left"),
     ("lhs_aligned", True),
+    ("lhs_aligned", False),
     ("use_2d_cache_ids", True),
-    ("continuous_batching", True),
+    ("use_2d_cache_ids", False),
 ]
-HARMLESS = {"padding_side": "left", "lhs_aligned": False, "use_2d_cache_ids": False, "continuous_batching": False}
 
 
 @pytest.mark.parametrize(
     ("key", "value", "why"),
     [
-        *[(key, value, "right-padded rows with 2-D cache ids") for key, value in RIGHT_ALIGNED[:3]],
-        ("continuous_batching", True, "continuous batching"),
-        ("batch_size_for_shared_caches", 2, "continuous batching"),
-        ("max_num_seqs", 2, "continuous batching"),
-        ("output_all_logits", True, "[batch, vocab] logits"),
-        ("log_softmax_scores", True, "[batch, vocab] logits"),
+        ("continuous_batching", True, "configures continuous batching itself"),
+        ("continuous_batching", False, "set scheduler.n_slots instead"),
+        ("batch_size_for_shared_caches", 2, "ContinuousBatchingConfig(max_num_seqs=scheduler.n_slots)"),
+        ("max_num_seqs", 2, "set scheduler.n_slots instead"),
+        *[(key, value, "continuous batching fixes the padding") for key, value in PADDING_KEYS],
+        ("cache_layout", "BSH", "concatenated 1-D queries"),
+        ("output_all_logits", True, "[n, vocab] logits"),
+        ("log_softmax_scores", True, "[n, vocab] logits"),
         ("on_device_generation", True, "samples on the device"),
         ("is_eagle_target", True, "EAGLE"),
         ("is_eagle_draft", True, "EAGLE"),
     ],
 )
-def test_neuron_config_keys_the_left_padded_path_cannot_honour_fail_initialize(
-    checkpoint, start_handler, key, value, why
+def test_neuron_config_keys_the_backend_owns_or_cannot_honour_fail_the_start(
+    checkpoint, start_backend, key, value, why
 ):
     model_yaml = neuronx_yaml(checkpoint, neuronx={"neuron_config": {"fuse_qkv": True, key: value}})
     with pytest.raises(ConfigError) as info:
-        start_handler(model_yaml)
+        start_backend(model_yaml)
     message = str(info.value)
     assert f"handler.neuronx.neuron_config.{key}: {value!r} is refused" in message and why in message
     assert "fuse_qkv:" not in message  # only the key at fault is named
     assert "transformers_neuronx" not in sys.modules  # refused before the SDK was loaded
 
 
-@pytest.mark.parametrize(("key", "value"), RIGHT_ALIGNED)
-def test_the_refused_keys_are_the_ones_the_sdk_right_aligns(key, value):
-    """The refusal list and the SDK's NeuronConfig (mirrored by the fake) agree on what switches
-    to right-aligned 2-D cache ids; a fake or a list that drifted from the real logic fails here."""
+@pytest.mark.parametrize(("key", "value"), PADDING_KEYS)
+def test_under_continuous_batching_the_sdk_overrides_the_padding_keys(key, value):
+    """Why every value of the padding keys is refused: with continuous batching the SDK's NeuronConfig
+    (mirrored by the fake) comes out right-padded with 2-D cache ids whatever they say, so 'left' or
+    False would be silently ignored and 'right' or True say nothing."""
     from transformers_neuronx import ContinuousBatchingConfig, NeuronConfig
 
-    sdk_value = ContinuousBatchingConfig(max_num_seqs=2) if key == "continuous_batching" else value
-    built = NeuronConfig(**{key: sdk_value})
-    assert built.lhs_aligned and options.right_aligned(built) is not None
+    built = NeuronConfig(continuous_batching=ContinuousBatchingConfig(max_num_seqs=2), **{key: value})
+    assert built.lhs_aligned is True and built.padding_side == "right"
+    assert options.continuous_batching_problem(built) is None
     refused, _ = REFUSED_NEURON_CONFIG[key]
     assert refused(value)
-    harmless = NeuronConfig(**{key: HARMLESS[key]})
-    assert not harmless.lhs_aligned and options.right_aligned(harmless) is None
-    assert not refused(HARMLESS[key])
 
 
-def test_harmless_values_of_those_keys_are_passed_through(fake_neuronx, checkpoint, start_handler):
-    start_handler(neuronx_yaml(checkpoint, neuronx={"neuron_config": HARMLESS}))
+def test_the_sdk_refuses_bsh_under_continuous_batching_without_naming_it(checkpoint, monkeypatch, tmp_path):
+    """Why cache_layout BSH is refused up front: with the n_positions this backend passes (an int) the
+    SDK's sanity check fails on a bare assert that names nothing."""
+    from transformers_neuronx import ContinuousBatchingConfig, LlamaForSampling, NeuronConfig
+
+    neuron_config = NeuronConfig(continuous_batching=ContinuousBatchingConfig(max_num_seqs=2), cache_layout="BSH")
+    with pytest.raises(AssertionError) as info:
+        LlamaForSampling.from_pretrained(str(checkpoint), batch_size=2, n_positions=256, neuron_config=neuron_config)
+    assert str(info.value) == ""
+    assert not REFUSED_NEURON_CONFIG["cache_layout"][0]("SBH")
+
+
+def test_the_sdk_checks_batch_size_against_max_num_seqs(checkpoint):
+    """The sanity check the backend satisfies by passing batch_size = max_num_seqs = n_slots."""
+    from transformers_neuronx import ContinuousBatchingConfig, LlamaForSampling, NeuronConfig
+
+    neuron_config = NeuronConfig(continuous_batching=ContinuousBatchingConfig(max_num_seqs=4))
+    with pytest.raises(AssertionError, match=r"invalid batch_size_for_shared_caches \(4\), 2 is expected"):
+        LlamaForSampling.from_pretrained(str(checkpoint), batch_size=2, n_positions=256, neuron_config=neuron_config)
+    with pytest.raises(KeyError):
+        ContinuousBatchingConfig(max_model_len=256)  # no number of sequences
+    with pytest.raises(AssertionError, match="unexpected key word arguments"):
+        ContinuousBatchingConfig(max_num_seqs=2, block_size=8)
+    with pytest.raises(AssertionError, match="chunked prefill is only supported with optimized paged attention"):
+        ContinuousBatchingConfig(max_num_seqs=2, enable_chunked_prefill=True)
+
+
+def test_harmless_neuron_config_options_are_passed_through(fake_neuronx, checkpoint, start_backend):
+    start_backend(neuronx_yaml(checkpoint, neuronx={"neuron_config": {"cache_layout": "SBH", "fuse_qkv": True}}))
     [built] = calls(fake_neuronx, "from_pretrained")
-    assert built["neuron_config"]["lhs_aligned"] is False and built["neuron_config"]["padding_side"] == "left"
+    assert built["neuron_config"]["cache_layout"] == "SBH" and built["neuron_config"]["fuse_qkv"] is True
 
 
-def test_a_right_aligned_neuron_config_is_caught_even_when_the_key_list_misses_it(
-    fake_neuronx, checkpoint, start_handler, monkeypatch
+def test_an_sdk_that_does_not_right_align_continuous_batching_fails_the_start(
+    fake_neuronx, checkpoint, start_backend, monkeypatch
 ):
-    """The built NeuronConfig is asked too, so an SDK that right-aligns on a key the list does not
-    know is refused before any weights load, naming the key whose removal makes it fit."""
-    monkeypatch.delitem(REFUSED_NEURON_CONFIG, "padding_side")
-    model_yaml = neuronx_yaml(checkpoint, neuronx={"neuron_config": {"fuse_qkv": True, "padding_side": "right"}})
-    with pytest.raises(ConfigError, match=r"handler\.neuronx\.neuron_config\.padding_side: .*lhs_aligned=True"):
-        start_handler(model_yaml)
+    """The built NeuronConfig is asked too: a release whose continuous batching is not right-padded
+    with 2-D cache ids would read the backend's rows wrongly, so the start fails before weights load."""
+    import transformers_neuronx
+
+    class LeftAligned(transformers_neuronx.NeuronConfig):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.lhs_aligned = False
+
+    monkeypatch.setattr(transformers_neuronx, "NeuronConfig", LeftAligned)
+    with pytest.raises(ConfigError, match=r"handler\.neuronx\.neuron_config: .*comes out with lhs_aligned=False"):
+        start_backend(neuronx_yaml(checkpoint))
     assert not calls(fake_neuronx, "from_pretrained")
 
 
-def test_right_aligned_cache_ids_would_corrupt_a_left_padded_batch(checkpoint, start_handler, monkeypatch):
-    """Why the refusal exists, shown on the fake: with every guard off, padding_side 'right'
-    compiles and serves, and the shorter (left-padded) prompt of a batch comes out different
-    from the same batch served left-aligned; the longer, unpadded one is unchanged."""
-    rows = [
-        {"prompt": "Once upon a time there was a little", "max_new_tokens": 8, "stream": False},
-        {"prompt": "Today", "max_new_tokens": 8, "stream": False},
-    ]
-    handler, context = start_handler(neuronx_yaml(checkpoint))
-    left = [json.loads(r.final)["text"] for r in run_batch(handler, context, rows)]
-    handler.shutdown()
+def test_a_continuous_batching_config_the_sdk_refuses_names_n_slots(
+    fake_neuronx, checkpoint, start_backend, monkeypatch
+):
+    """An older release spelled max_num_seqs batch_size_for_shared_caches only."""
+    import transformers_neuronx
 
-    monkeypatch.setitem(REFUSED_NEURON_CONFIG, "padding_side", (lambda _value: False, ""))
-    monkeypatch.setattr(options, "right_aligned", lambda _config: None)
-    handler, context = start_handler(neuronx_yaml(checkpoint, neuronx={"neuron_config": {"padding_side": "right"}}))
-    right = [json.loads(r.final)["text"] for r in run_batch(handler, context, rows)]
-    assert right[0] == left[0]
-    assert right[1] != left[1]
+    def old_spelling(**kwargs):
+        assert "max_num_seqs" not in kwargs, f"unexpected key word arguments: {kwargs.keys()}"
+
+    monkeypatch.setattr(transformers_neuronx, "ContinuousBatchingConfig", old_spelling)
+    with pytest.raises(
+        ConfigError, match=r"^model-config.yaml: scheduler\.n_slots: .*ContinuousBatchingConfig refused"
+    ):
+        start_backend(neuronx_yaml(checkpoint))
 
 
 @pytest.mark.parametrize(
@@ -117,7 +145,6 @@ def test_right_aligned_cache_ids_would_corrupt_a_left_padded_batch(checkpoint, s
         ({"neuron_config": {"fuse_qkvv": True}}, "neuron_config.fuse_qkvv", "Unexpected NeuronConfig keyword"),
         ({"neuron_config": {"qkv_tiling": True}}, "neuron_config.qkv_tiling", "QKV weight tiling"),
         ({"neuron_config": {"cast_logits_dtype": "f32"}}, "neuron_config.cast_logits_dtype", "cast_logits_dtype"),
-        ({"neuron_config": {"cache_layout": "BSH"}}, "neuron_config.cache_layout", "BSH cache layout can only"),
         (
             {"neuron_config": {"sequence_parallel_norm": True, "sequence_parallel_norm_threshold": 100}, "tp": 3},
             "neuron_config.sequence_parallel_norm",
@@ -125,23 +152,23 @@ def test_right_aligned_cache_ids_would_corrupt_a_left_padded_batch(checkpoint, s
         ),
     ],
 )
-def test_sdk_refusals_name_the_key(fake_neuronx, checkpoint, start_handler, change, key, sdk_message):
+def test_sdk_refusals_name_the_key(fake_neuronx, checkpoint, start_backend, change, key, sdk_message):
     """NeuronConfig's asserts (at construction), from_pretrained's _sanity_check (AssertionError)
     and LlamaForSampling's ValueError all end as a ConfigError naming the key; the failed start
     gives its cores back."""
     tp_degree = change.pop("tp", 1)
     model_yaml = neuronx_yaml(checkpoint, tp_degree=tp_degree, neuronx={"num_cores": tp_degree, **change})
     with pytest.raises(ConfigError) as info:
-        start_handler(model_yaml)
+        start_backend(model_yaml)
     message = str(info.value)
     assert message.startswith(f"model-config.yaml: handler.neuronx.{key}: ") and sdk_message in message
     assert not calls(fake_neuronx, "to_neuron")
-    start_handler(neuronx_yaml(checkpoint, tp_degree=tp_degree, neuronx={"num_cores": tp_degree}))
+    start_backend(neuronx_yaml(checkpoint, tp_degree=tp_degree, neuronx={"num_cores": tp_degree}))
 
 
 @pytest.mark.parametrize("error", [AssertionError("an internal check failed"), ValueError("bad value")])
 def test_an_sdk_refusal_that_names_no_key_blames_neuron_config(
-    fake_neuronx, checkpoint, start_handler, monkeypatch, error
+    fake_neuronx, checkpoint, start_backend, monkeypatch, error
 ):
     from transformers_neuronx import base
 
@@ -150,7 +177,7 @@ def test_an_sdk_refusal_that_names_no_key_blames_neuron_config(
 
     monkeypatch.setattr(base.NeuronModelBase, "from_pretrained", classmethod(refuse))
     with pytest.raises(ConfigError) as info:
-        start_handler(neuronx_yaml(checkpoint))
+        start_backend(neuronx_yaml(checkpoint))
     message = str(info.value)
     assert message.startswith("model-config.yaml: handler.neuronx.neuron_config: ")
     assert f"{type(error).__name__}: {error}" in message

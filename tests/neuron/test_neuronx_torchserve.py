@@ -10,17 +10,18 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.modes import MODES, with_mode
 from tests.neuron.conftest import FAKES, calls, neuronx_yaml
 from tests.torchserve_process import TorchServe, copy_logs_on_failure, free_port, start_torchserve
 
 pytestmark = pytest.mark.e2e
 
+WORKERS = {"static": 2, "continuous": 1}
 HOLD_AT_STEP = 8  # the decode step at which the fake waits while the hold file exists (see _hold.py)
 
 
@@ -29,8 +30,11 @@ def hold_file(call_log: Path) -> Path:
     return call_log.with_name("hold-generation")
 
 
-def serve(workdir: Path, checkpoint: Path, call_log: Path) -> TorchServe:
-    config = neuronx_yaml(checkpoint, workers=2, micro_batch_size=2, neuronx={"num_cores": 2})
+def serve(workdir: Path, checkpoint: Path, call_log: Path, mode: str) -> TorchServe:
+    """Static mode with two workers (one NeuronCore each); continuous mode with one (TorchServe's
+    frontend stalls a continuous worker while another idles, so handler/config.py allows one)."""
+    workers = WORKERS[mode]
+    config = with_mode(neuronx_yaml(checkpoint, workers=workers, n_slots=2, neuronx={"num_cores": 2}), mode, 2)
     config["responseTimeout"] = 60
     env = {
         "PYTHONPATH": str(FAKES),
@@ -57,7 +61,7 @@ def serve(workdir: Path, checkpoint: Path, call_log: Path) -> TorchServe:
             workdir.with_name(workdir.name + "-retry"), checkpoint, config, env, extra_properties=properties
         )
     try:
-        wait_for_workers(server, 2)
+        wait_for_workers(server, workers)
     except BaseException:
         server.stop()
         raise
@@ -79,13 +83,14 @@ def wait_for_workers(server: TorchServe, count: int, timeout: float = 90) -> Non
     raise RuntimeError(f"{count} workers were not READY within {timeout} s: {workers}")
 
 
-@pytest.fixture(scope="module")
-def deployment(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TorchServe, Path]]:
-    root = tmp_path_factory.mktemp("neuronx-ts")
+@pytest.fixture(scope="module", params=MODES)
+def deployment(request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp(f"neuronx-ts-{request.param}")
     checkpoint = root / "model"
     shutil.copytree(tiny_model_dir, checkpoint)
     call_log = root / "calls.jsonl"
-    server = serve(root / "first", checkpoint, call_log)
+    server = serve(root / "first", checkpoint, call_log, request.param)
+    server.mode = request.param
     try:
         yield server, call_log
     finally:
@@ -101,9 +106,12 @@ def wait_for_call(call_log: Path, name: str, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def test_two_workers_compile_once_and_pin_disjoint_cores(deployment):
-    _, call_log = deployment
+def test_workers_compile_once_and_pin_disjoint_cores(deployment):
+    server, call_log = deployment
     started = calls(call_log, "to_neuron")
+    if WORKERS[server.mode] == 1:
+        assert [c["mode"] for c in started] == ["compile"] and started[0]["visible_cores"] in {"0", "1"}
+        return
     assert sorted(c["mode"] for c in started) == ["compile", "load"]  # the second waited for the first's artifacts
     assert sorted(c["visible_cores"] for c in started) == ["0", "1"]
     assert len({c["pid"] for c in started}) == 2
@@ -156,10 +164,11 @@ def test_restart_loads_saved_artifacts_without_compiling(deployment, tmp_path):
     server.stop()
     compiled_before = len([c for c in calls(call_log, "to_neuron") if c["mode"] == "compile"])
     checkpoint = Path(calls(call_log, "from_pretrained")[0]["path"])
-    second = serve(tmp_path / "second", checkpoint, call_log)
+    workers = WORKERS[server.mode]
+    second = serve(tmp_path / "second", checkpoint, call_log, server.mode)
     try:
-        restarted = calls(call_log, "to_neuron")[2:]
-        assert [c["mode"] for c in restarted] == ["load", "load"]
+        restarted = calls(call_log, "to_neuron")[workers:]
+        assert [c["mode"] for c in restarted] == ["load"] * workers
         assert len([c for c in calls(call_log, "to_neuron") if c["mode"] == "compile"]) == compiled_before == 1
         response = httpx.post(
             second.predictions_url, json={"prompt": "Hello", "stream": False}, headers=second.headers, timeout=60

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from handler.config import ConfigError
-from tests.neuron.conftest import calls, neuronx_yaml
-from tests.torchserve_harness import run_batch
+from tests.neuron.conftest import calls, neuronx_yaml, run_alone
 
 pytestmark = pytest.mark.usefixtures("fake_neuronx")
 
@@ -47,11 +46,10 @@ def read_only(checkpoint: Path) -> Iterator[Path]:
     set_writable(checkpoint, True)
 
 
-def compiled_once(checkpoint: Path, start_handler, **change) -> None:
+def compiled_once(checkpoint: Path, start_backend, **change) -> None:
     """What `make compile` ships: artifacts + manifest under <checkpoint>/neuron_cache (its compile
     lock file is dropped, so a worker that takes the lock again shows up as a new file)."""
-    handler, _ = start_handler(neuronx_yaml(checkpoint, **change))
-    handler.shutdown()
+    start_backend(neuronx_yaml(checkpoint, **change)).close()
     assert (checkpoint / "neuron_cache" / "artifacts" / "manifest.json").is_file()
     (checkpoint / "neuron_cache" / "artifacts.lock").unlink()
 
@@ -63,11 +61,11 @@ def no_compile(checkpoint: Path, **change) -> dict:
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_compile_cache_key_moves_only_the_compile_cache(
-    fake_neuronx, checkpoint, start_handler, tmp_path, caplog, where
+    fake_neuronx, checkpoint, start_backend, tmp_path, caplog, where
 ):
     url = str(tmp_path / "compile-cache") if where == "local" else "s3://bucket/llama/compile-cache"
     caplog.set_level(logging.INFO)
-    start_handler(neuronx_yaml(checkpoint, neuronx={"compile_cache": url}))
+    start_backend(neuronx_yaml(checkpoint, neuronx={"compile_cache": url}))
     [compiled] = calls(fake_neuronx, "to_neuron")
     assert compiled["mode"] == "compile" and compiled["cache_url"] == url
     assert f"compile cache: NEURON_COMPILE_CACHE_URL={url}" in caplog.text
@@ -78,17 +76,17 @@ def test_compile_cache_key_moves_only_the_compile_cache(
 
 
 def test_compile_on_start_false_loads_matching_artifacts_from_a_read_only_model_dir(
-    fake_neuronx, read_only, start_handler
+    fake_neuronx, read_only, start_backend
 ):
-    compiled_once(read_only, start_handler)
+    compiled_once(read_only, start_backend)
     set_writable(read_only, False)
     before = tree(read_only)
 
-    handler, context = start_handler(no_compile(read_only))
-    [reply] = run_batch(handler, context, [{"prompt": "Today the weather is", "max_new_tokens": 4, "stream": False}])
-    handler.shutdown()
+    backend = start_backend(no_compile(read_only))
+    tokens = run_alone(backend, backend.encode("Today the weather is"), 4)
+    backend.close()
 
-    assert reply.status == 200 and handler.service.backend.path_taken == "load"
+    assert len(tokens) == 4 and backend.path_taken == "load"
     assert [c["mode"] for c in calls(fake_neuronx, "to_neuron")] == ["compile", "load"]
     assert tree(read_only) == before  # no lock file, no compile cache folder, nothing
 
@@ -107,23 +105,23 @@ def rename_neffs(checkpoint: Path) -> None:
     ("prepare", "change", "what_differs"),
     [
         (None, {}, "no compiled artifacts in"),
-        ("compile", {"micro_batch_size": 4}, "manifest mismatch (batch_size: 2 -> 4)"),
+        ("compile", {"n_slots": 4}, "manifest mismatch (batch_size: 2 -> 4; continuous_batching: "),
         ("compile", {"neuronx": {"context_length_estimate": [64, 256]}}, "[128, 256] -> [64, 256]"),
         ("rename", {}, "saved NEFFs do not fit (Could not find a matching NEFF"),
     ],
 )
 def test_compile_on_start_false_fails_loudly_and_writes_nothing(
-    fake_neuronx, read_only, start_handler, prepare, change, what_differs
+    fake_neuronx, read_only, start_backend, prepare, change, what_differs
 ):
     if prepare:
-        compiled_once(read_only, start_handler)
+        compiled_once(read_only, start_backend)
     if prepare == "rename":
         rename_neffs(read_only)
     set_writable(read_only, False)
     before = tree(read_only)
 
     with pytest.raises(ConfigError) as info:
-        start_handler(no_compile(read_only, **change))
+        start_backend(no_compile(read_only, **change))
 
     message = str(info.value)
     assert what_differs in message

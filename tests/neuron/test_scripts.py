@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 from pathlib import Path
 
@@ -24,11 +25,22 @@ def script(name: str):
 
 
 def logits_of(path: Path) -> torch.Tensor:
-    from transformers_neuronx import LlamaForSampling
+    """The prefill logits of one prompt, through the fake SDK as the backend builds it (continuous batching).
+    Its compile cache is the test's (fake_neuronx restores the environment afterwards)."""
+    from transformers_neuronx import ContinuousBatchingConfig, LlamaForSampling, NeuronConfig
 
-    model = LlamaForSampling.from_pretrained(str(path), batch_size=1, tp_degree=1, n_positions=128)
+    os.environ["NEURON_COMPILE_CACHE_URL"] = str(path.parent / "compile-cache")
+    neuron_config = NeuronConfig(continuous_batching=ContinuousBatchingConfig(max_num_seqs=1))
+    model = LlamaForSampling.from_pretrained(
+        str(path),
+        batch_size=1,
+        tp_degree=1,
+        n_positions=128,
+        context_length_estimate=[128],
+        neuron_config=neuron_config,
+    )
     model.to_neuron()
-    return model(torch.tensor([[5, 6, 7, 8]]), torch.arange(4))
+    return model.forward(torch.tensor([[5, 6, 7, 8]]), cache_ids=torch.arange(4)[None], start_ids=torch.tensor([0]))
 
 
 def test_safetensors_checkpoint_is_copied_and_loads_directly(tiny_model_dir, tmp_path, fake_neuronx):
@@ -59,7 +71,7 @@ def test_split_checkpoint_for_older_releases(tiny_model_dir, tmp_path, fake_neur
     assert torch.allclose(logits_of(target), logits_of(tiny_model_dir), atol=1e-5)
 
 
-def test_compile_script_precompiles_so_the_server_only_loads(checkpoint, tmp_path, fake_neuronx, start_handler):
+def test_compile_script_precompiles_so_the_server_only_loads(checkpoint, tmp_path, fake_neuronx, start_backend):
     config = tmp_path / "model-config.yaml"
     model_yaml = neuronx_yaml(checkpoint)
     config.write_text(yaml.safe_dump(model_yaml))
@@ -67,5 +79,5 @@ def test_compile_script_precompiles_so_the_server_only_loads(checkpoint, tmp_pat
     assert (checkpoint / "neuron_cache" / "artifacts" / "manifest.json").is_file()
     assert script("compile").main(["--model-dir", str(checkpoint), "--config", str(config), "--no-warmup"]) == "load"
 
-    start_handler(model_yaml)
+    assert start_backend(model_yaml).path_taken == "load"
     assert [c["mode"] for c in calls(fake_neuronx, "to_neuron")] == ["compile", "load", "load"]

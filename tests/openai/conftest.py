@@ -13,6 +13,7 @@ from tests.torchserve_process import TorchServe, start_torchserve
 HANDLER_YAML = {
     "batchSize": 4,
     "handler": {"n_positions": 256, "default_max_new_tokens": 16, "max_new_tokens": 100},
+    "scheduler": {"mode": "static", "n_slots": 4},
     "micro_batching": {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 1}},
 }
 
@@ -46,8 +47,9 @@ def call(served):
 E2E_MODEL_CONFIG = {
     "minWorkers": 1,
     "maxWorkers": 1,
-    "batchSize": 4,
-    "maxBatchDelay": 50,
+    "continuousBatching": True,
+    "batchSize": 8,
+    "maxBatchDelay": 0,
     "responseTimeout": 60,
     "handler": {
         "model_checkpoint_dir": "model",
@@ -55,7 +57,7 @@ E2E_MODEL_CONFIG = {
         "default_max_new_tokens": 32,
         "max_new_tokens": 256,
     },
-    "micro_batching": {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 2}},
+    "scheduler": {"mode": "continuous", "n_slots": 4},
 }
 
 
@@ -63,6 +65,7 @@ E2E_MODEL_CONFIG = {
 def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
     """A real torchserve (token auth on) for the external-client tests; always stopped."""
     ts = start_torchserve(tmp_path_factory.mktemp("torchserve-openai"), tiny_model_dir, E2E_MODEL_CONFIG)
+    ts.mode = "continuous"
     try:
         yield ts
     finally:

@@ -39,7 +39,15 @@ class PrepareOnlyBackend(Backend):
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset({tokenizer.eos_token_id})
 
-    def generate(self, rows, streamer, is_finished) -> None:
+    n_slots = 1
+
+    def prefill(self, requests):
+        raise AssertionError("prepare only")
+
+    def decode(self, slots):
+        raise AssertionError("prepare only")
+
+    def release(self, slot):
         raise AssertionError("prepare only")
 
 
@@ -60,19 +68,21 @@ class Context:
 def service(tiny_tokenizer) -> GenerationService:
     config = ServingConfig.from_model_yaml(
         {
+            "continuousBatching": True,
+            "batchSize": 8,
             "handler": {
                 "model_checkpoint_dir": "unused",
                 "n_positions": 256,
                 "default_max_new_tokens": 16,
                 "max_new_tokens": 64,
-            }
+            },
         }
     )
     return GenerationService(config, PrepareOnlyBackend(BosAddingTokenizer(tiny_tokenizer)))
 
 
 def prompt_ids(service: GenerationService, url_path: str, body: dict) -> list[int]:
-    (work,) = service.prepare([(0, {"body": body})], Context(url_path))
+    work = service.prepare(0, {"body": body}, Context(url_path))
     assert work.error is None, work.error
     return work.sequence.prompt_ids
 
@@ -90,5 +100,5 @@ def test_completion_prompt_gets_the_tokenizers_bos(service, tiny_tokenizer):
 
 
 def test_models_route_skips_parsing_and_generation(service):
-    (work,) = service.prepare([(0, {})], Context("v1/models"))  # a GET: no body at all
+    work = service.prepare(0, {}, Context("v1/models"))  # a GET: no body at all
     assert work.sequence is None and work.error is None and '"id":"m"' in work.reply

@@ -31,7 +31,7 @@ def test_streamed_completion_is_sse_with_finish_and_usage(served, call, tiny_tok
         (reply,) = call((COMPLETIONS, body))
     assert reply.status == 200
     assert reply.content_type == "text/event-stream"
-    assert_streamed_while_generating(reply, ends[0])  # events went out while generating
+    assert_streamed_while_generating(reply, ends[-1])  # events went out while generating
     events = reply_events(reply)
     assert events[-1] == DONE
     usage_event, finish_event = events[-2], events[-3]
@@ -105,7 +105,7 @@ def test_chat_stream_renders_messages_with_a_default_template(call, tiny_tokeniz
 def test_chat_non_streaming_uses_the_tokenizers_own_template(call, served, tiny_tokenizer, monkeypatch):
     handler, _ = served
     template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}[assistant]"
-    monkeypatch.setattr(handler.service.backend.tokenizer, "chat_template", template, raising=False)
+    monkeypatch.setattr(handler.serving.service.backend.tokenizer, "chat_template", template, raising=False)
     content = [{"type": "text", "text": "Hi "}, {"type": "text", "text": "you"}]
     body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     (reply,) = call((CHAT, body))
@@ -168,7 +168,7 @@ def test_failure_after_first_chunk_is_an_in_band_error_event(served, call, monke
     with generation_ends(served[0]) as ends:
         (reply,) = call((COMPLETIONS, body))
     assert reply.status == 200
-    assert_streamed_while_generating(reply, ends[0])  # the error came after text had gone out
+    assert_streamed_while_generating(reply, ends[-1])  # the error came after text had gone out
     events = reply_events(reply)
     assert events[-1] == DONE
     error = events[-2]["error"]

@@ -22,8 +22,9 @@ SAGEMAKER_MODEL_NAME = "model"
 CONTAINER_MODEL_CONFIG: dict[str, Any] = {
     "minWorkers": 1,
     "maxWorkers": 1,
-    "batchSize": 2,
-    "maxBatchDelay": 20,
+    "continuousBatching": True,
+    "batchSize": 4,
+    "maxBatchDelay": 0,
     "responseTimeout": 1200,
     "startupTimeout": 1200,
     "handler": {
@@ -32,7 +33,7 @@ CONTAINER_MODEL_CONFIG: dict[str, Any] = {
         "default_max_new_tokens": 16,
         "max_new_tokens": 256,
     },
-    "micro_batching": {"micro_batch_size": 2, "parallelism": {"preprocess": 1, "inference": 1, "postprocess": 1}},
+    "scheduler": {"mode": "continuous", "n_slots": 2},
 }
 # What the DLC's SageMaker toolkit (v2.0.25) puts in the config.properties it writes, with
 # token auth left at TorchServe's default (on) and its own addresses: TS_CONFIG_FILE must make

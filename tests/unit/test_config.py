@@ -10,18 +10,36 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def minimal(**handler):
-    return {"batchSize": 4, "handler": {"model_checkpoint_dir": "model", **handler}}
+    return {"continuousBatching": True, "batchSize": 4, "handler": {"model_checkpoint_dir": "model", **handler}}
+
+
+def static(micro_batch_size=1, n_slots=4, batch_size=4):
+    return {
+        "batchSize": batch_size,
+        "handler": {"model_checkpoint_dir": "model"},
+        "scheduler": {"mode": "static", "n_slots": n_slots},
+        "micro_batching": {"micro_batch_size": micro_batch_size},
+    }
 
 
 def test_shipped_model_config_parses():
     config = ServingConfig.from_model_yaml(yaml.safe_load((REPO / "model-config.yaml").read_text()))
     assert config.handler.backend == "hf"
-    assert config.micro_batching.micro_batch_size <= config.batch_size
+    assert config.scheduler.mode == "continuous" and config.batch_size >= config.scheduler.n_slots
+    assert config.micro_batching.micro_batch_size <= config.scheduler.n_slots  # ready for mode: static
+
+
+def test_every_shipped_config_serves_continuously():
+    for path in [REPO / "model-config.yaml", *sorted((REPO / "configs").glob("*.yaml"))]:
+        config = ServingConfig.from_model_yaml(yaml.safe_load(path.read_text()))
+        assert config.scheduler.mode == "continuous", path
 
 
 def test_defaults_and_immutability():
     config = ServingConfig.from_model_yaml(minimal())
     assert config.handler.amp == "f32"
+    assert (config.scheduler.mode, config.scheduler.n_slots, config.scheduler.overlap) == ("continuous", 4, True)
+    assert config.scheduler.prefill_token_budget == 2048
     assert config.micro_batching.micro_batch_size == 1
     assert config.micro_batching.parallelism.inference == 1
     with pytest.raises(ValidationError):
@@ -40,7 +58,14 @@ def test_defaults_and_immutability():
         (minimal(default_max_new_tokens=600, max_new_tokens=512), "default_max_new_tokens (600) is above"),
         ({"handler": {}}, "handler.model_checkpoint_dir: required key is missing"),
         ({"batchSize": 4}, "'handler:' section is missing"),
-        ({**minimal(), "micro_batching": {"micro_batch_size": 8}}, "micro_batch_size (8) is above batchSize (4)"),
+        (static(micro_batch_size=8, n_slots=8), "micro_batch_size (8) is above batchSize (4)"),
+        (static(micro_batch_size=8), "micro_batch_size (8) is above scheduler.n_slots (4)"),
+        ({**static(), "continuousBatching": True}, "scheduler.mode is 'static' but continuousBatching is true"),
+        ({**minimal(), "continuousBatching": False}, "continuousBatching is not true"),
+        ({**minimal(), "scheduler": {"n_slots": 8}}, "batchSize (4) is below scheduler.n_slots (8)"),
+        ({**minimal(), "scheduler": {"mode": "dynamic"}}, "scheduler.mode"),
+        ({**minimal(), "minWorkers": 2, "maxWorkers": 2}, "minWorkers/maxWorkers (2) must be 1"),
+        ({**minimal(), "scheduler": {"prefill_token_budget": 0}}, "scheduler.prefill_token_budget"),
         ({**minimal(), "micro_batching": {"parallelism": {"inferense": 1}}}, "micro_batching.parallelism.inferense"),
         ({**minimal(), "batchSize": 0}, "batchSize must be a positive integer"),
     ],

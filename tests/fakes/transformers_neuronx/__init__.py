@@ -7,7 +7,6 @@ without a call from a log that was never written."""
 from transformers_neuronx import _calllog
 from transformers_neuronx.config import ContinuousBatchingConfig, NeuronConfig, QuantizationConfig
 from transformers_neuronx.constants import GQA, Layout
-from transformers_neuronx.generation_utils import HuggingFaceGenerationModelAdapter
 from transformers_neuronx.llama.model import LlamaForSampling
 from transformers_neuronx.mistral.model import MistralForSampling
 from transformers_neuronx.version import __version__
@@ -15,7 +14,6 @@ from transformers_neuronx.version import __version__
 __all__ = [
     "GQA",
     "ContinuousBatchingConfig",
-    "HuggingFaceGenerationModelAdapter",
     "Layout",
     "LlamaForSampling",
     "MistralForSampling",

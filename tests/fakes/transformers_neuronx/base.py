@@ -4,29 +4,43 @@ PretrainedModel.from_pretrained (src/transformers_neuronx/module.py), on CPU.
 What is faithful, because the backend depends on it:
 - `from_pretrained(path, **kwargs)` runs the real `_sanity_check` (AssertionError: a
   context_length_estimate above n_positions; a BSH cache_layout without continuous
-  batching; continuous batching whose batch_size_for_shared_caches is not batch_size),
-  reads config.json and loads weights from model.safetensors, its index, a
-  `pytorch_model.bin/` split folder or pytorch_model.bin, else FileNotFoundError.
+  batching, or with it but without one-bucket lists; continuous batching whose
+  batch_size_for_shared_caches (= max_num_seqs) is not batch_size), reads config.json and
+  loads weights from model.safetensors, its index, a `pytorch_model.bin/` split folder or
+  pytorch_model.bin, else FileNotFoundError.
 - `amp` other than f32/f16/bf16/s8/f8e4m3fn raises KeyError (so 'fp16' does).
-- Programs: one per token bucket (powers of two from 128 to n_positions) and one per
-  context bucket (default: half of each token bucket), each for the compiled batch size;
-  a NEFF is named by a hash of what its HLO depends on (class, model shape, tp_degree,
-  amp, bucket, batch size, NeuronConfig), not by the compiler flags.
+- Programs: one per token bucket (powers of two from 128 to n_positions) for the compiled
+  batch size, and one per context bucket (default: half of each token bucket) for batch 1
+  under continuous batching (llama/model.py: `context_batch_sizes`); a NEFF is named by a
+  hash of what its HLO depends on (class, model shape, tp_degree, amp, bucket, batch size,
+  NeuronConfig including its ContinuousBatchingConfig), not by the compiler flags.
 - `load(dir)` only records the folder; `to_neuron()` then needs a NEFF for every program
   there, else FileNotFoundError, and does not compile. Without load(), to_neuron compiles
   (see compiler.py for NEFF reuse). `save(dir)` before a successful to_neuron() fails.
-- `forward(input_ids, cache_ids, start_ids)` returns [batch, vocab] float32 logits of the
-  last position; a batch size that was not compiled raises KeyError; a position at or
-  beyond n_positions raises StopIteration.
-- 2-D cache ids (NeuronConfig.lhs_aligned: right-padded rows, `start_ids` = slot ids): each
-  token is written at its own cache id, every written position is attended, at its cache id
-  as position, and each row's logits come from its largest cache id. Rows that were
-  left-padded therefore come out wrong, as on a device.
+- `forward(input_ids, cache_ids, start_ids)` under continuous batching, as base.py's
+  `_prepare_for_continuous_batching`, `_prepare_for_par_ctx_rhs_padding`, `_forward` and
+  `_postprocess` route it. The KV cache has one line per sequence slot (`start_ids`):
+  * context encoding when T > 1 and the first cache id is 0: each row alone, in the
+    smallest context bucket >= T (T above the largest: AssertionError "invalid input prompt
+    length"); its tokens, right-padded with 0, fill positions 0..bucket-1 of its line (the
+    caller's cache ids are replaced by arange(bucket), unless T fills the bucket exactly:
+    then they are kept, and a repeated cache id is written twice, the last token winning);
+    its logits come from its largest cache id (`last_token_id`), computed from the row;
+  * token generation when T == 1 (a 1-token prompt at cache id 0 too): the full
+    [max_num_seqs, 1] batch runs; each given row writes its token at its cache id, and every
+    line left out of the call gets token 0 at cache id 0, overwriting position 0 of that
+    line (the TRAP in shared/pitfalls.md); a cache id >= n_positions raises StopIteration;
+    input_ids and cache_ids must share a dtype (the real one scatters one into a tensor of
+    the other's); logits return for the given rows, in input order.
+  Anything else (no continuous batching, 1-D cache ids, speculative forward) raises
+  NotImplementedError: the fake models only what the backend sends.
 - A NEURON_RT_VISIBLE_CORES range smaller than tp_degree fails to_neuron() (the runtime
   cannot place the model).
 
-The fake runs the Hugging Face model underneath in float32 whatever `amp` says, and
-recomputes the whole sequence each step instead of keeping a KV cache.
+The fake runs the Hugging Face model underneath in float32 whatever `amp` says. Its "KV
+cache" holds the token id at each position of each line, and logits are recomputed by
+running the model over a line's positions 0..p: so a token written at a wrong position
+changes every later logit of that line, as overwritten KV does on a device.
 """
 
 from __future__ import annotations
@@ -108,11 +122,14 @@ class NeuronModelBase(torch.nn.Module):
         self.n_positions = self.token_buckets[-1]
         self.context_buckets = context_sizes(context_length_estimate, self.token_buckets)
         self.batch_sizes = sorted(batch_size) if isinstance(batch_size, list) else [batch_size]
+        # llama/model.py: under continuous batching the context kernel is compiled for batch 1 only
+        self.context_batch_sizes = [1] if self.neuron_config.continuous_batching else self.batch_sizes
         self._hf_model: torch.nn.Module | None = None
         self._neffs: dict[str, bytes] | None = None
-        self._history: torch.Tensor | None = None
-        self._slots: torch.Tensor | None = None  # 2-D cache ids: the token at each [row, cache id], -1 if none
-        self._decode_steps = 0
+        # The KV cache, one line per sequence slot: the token whose KV sits at each [line, cache id]
+        # (-1: never written). Allocated by to_neuron(), like the device caches.
+        self._lines: torch.Tensor | None = None
+        self._steps: list[int] = []  # decode steps of each line since its last context encoding (the hold)
 
     # -- loading (module.PretrainedModel) ------------------------------------------
     @classmethod
@@ -170,7 +187,7 @@ class NeuronModelBase(torch.nn.Module):
             "neuron_config": self.neuron_config.describe(),
         }
         specs = [("token", b, n) for b in self.token_buckets for n in self.batch_sizes]
-        specs += [("context", b, n) for b in self.context_buckets for n in self.batch_sizes]
+        specs += [("context", b, n) for b in self.context_buckets for n in self.context_batch_sizes]
         programs = {}
         for kind, bucket, batch in specs:
             spec = {**common, "kind": kind, "bucket": bucket, "batch_size": batch}
@@ -208,6 +225,9 @@ class NeuronModelBase(torch.nn.Module):
                 neffs[name] = neff
                 sources[source] = sources.get(source, 0) + 1
         self._neffs = neffs
+        lines = max(self.batch_sizes)
+        self._lines = torch.full((lines, self.n_positions), -1, dtype=torch.long)
+        self._steps = [0] * lines
         _calllog.record(
             "to_neuron",
             mode="load" if directory is not None else "compile",
@@ -229,10 +249,7 @@ class NeuronModelBase(torch.nn.Module):
             (Path(directory) / name).write_bytes(neff)
         _calllog.record("save", directory=str(directory), files=len(self._neffs))
 
-    # -- inference -------------------------------------------------------------------
-    def reset(self) -> None:
-        self._history = None
-
+    # -- inference (continuous batching) --------------------------------------------
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -240,59 +257,111 @@ class NeuronModelBase(torch.nn.Module):
         start_ids: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        if self._neffs is None or self._hf_model is None:
+        """NeuronModelBase._preprocess -> _forward -> _postprocess under continuous batching:
+        a context encoding when T > 1 and the first cache id is 0, else token generation."""
+        if self._neffs is None or self._hf_model is None or self._lines is None:
             raise RuntimeError("the model is not on Neuron: call to_neuron() first")
-        batch, length = input_ids.shape
-        if cache_ids is not None and cache_ids.dim() == 2:
-            return self._forward_2d(input_ids, cache_ids)
-        if cache_ids is None:
-            cache_ids = torch.arange(length, dtype=torch.int32)
-        if int(cache_ids.max()) >= self.n_positions:
-            raise StopIteration(f"position {int(cache_ids.max())} is beyond n_positions {self.n_positions}")
+        if not self.neuron_config.continuous_batching:
+            raise NotImplementedError(
+                "fake transformers-neuronx: only continuous batching (NeuronConfig(continuous_batching=...)) is "
+                "modelled, which is what the backend builds"
+            )
+        if start_ids is None or cache_ids is None or cache_ids.dim() != 2:
+            raise NotImplementedError(
+                "fake transformers-neuronx: continuous batching is modelled with start_ids (sequence slots) and "
+                "2-D cache ids, as the backend sends them"
+            )
+        length = input_ids.shape[1]
+        if length > 1 and int(cache_ids.flatten()[0]) == 0:
+            return self._context(input_ids, cache_ids, start_ids)
         if length > 1:
-            bucket = find_bucket(self.context_buckets, length)
-            if batch not in self.batch_sizes:
-                raise KeyError((bucket, batch))
-            self._history = input_ids.clone()
-            self._decode_steps = 0
-            _calllog.record("context", bucket=bucket, batch_size=batch, length=length)
-        else:
-            if batch not in self.batch_sizes:
-                raise KeyError(batch)
-            self._decode_steps += 1
-            _hold.maybe_hold(self._decode_steps)
-            position = int(cache_ids.reshape(-1)[0])
-            history = self._history if self._history is not None else input_ids[:, :0]
-            self._history = torch.cat([history[:, :position], input_ids], dim=1)
-        start = torch.zeros(batch, dtype=torch.long) if start_ids is None else start_ids.to(torch.long).reshape(-1)
-        ids = self._history
-        steps = torch.arange(ids.shape[1])[None, :]
-        mask = (steps >= start[:, None]).long()
-        positions = (steps - start[:, None]).clamp(min=0)
-        with torch.inference_mode():
-            logits = self._hf_model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-        return logits[:, -1, :].float()
+            raise NotImplementedError("fake transformers-neuronx: speculative forward (T > 1 from a cache id > 0)")
+        return self._decode(input_ids, cache_ids, start_ids)
 
-    def _forward_2d(self, input_ids: torch.Tensor, cache_ids: torch.Tensor) -> torch.Tensor:
-        batch, length = input_ids.shape
-        if batch not in self.batch_sizes:
-            raise KeyError(batch)
-        if int(cache_ids.max()) >= self.n_positions:
-            raise StopIteration(f"position {int(cache_ids.max())} is beyond n_positions {self.n_positions}")
-        if length > 1 or self._slots is None:
-            self._slots = torch.full((batch, self.n_positions), -1, dtype=torch.long)
-            bucket = find_bucket(self.context_buckets, length)
-            _calllog.record("context", bucket=bucket, batch_size=batch, length=length)
-        rows = torch.arange(batch)[:, None].expand(batch, length)
-        self._slots[rows, cache_ids.long()] = input_ids.long()
-        last = cache_ids.long().max(dim=1).values
-        ids = self._slots[:, : int(last.max()) + 1]
-        positions = torch.arange(ids.shape[1])[None, :].expand_as(ids)
+    def _context(self, input_ids: torch.Tensor, cache_ids: torch.Tensor, start_ids: torch.Tensor) -> torch.Tensor:
+        """Each row is encoded alone (the context kernel has batch 1 under continuous batching) in the
+        smallest context bucket that fits: its tokens right-padded with 0 to the bucket are written into
+        line `start_ids[row]` at cache ids arange(bucket) (`_pad_cache_ids` replaces the caller's, except
+        for a row that fills its bucket exactly), and its logits come from row index `last_token_id` =
+        its largest cache id (the caller's, zero-padded to the bucket)."""
+        rows, length = input_ids.shape
+        bucket = find_bucket(self.context_buckets, length)
+        assert bucket is not None and length <= bucket, f"invalid input prompt length ({length} <= {bucket})"
+        assert rows == cache_ids.shape[0], f"invalid n_active_seqs ({rows} vs {cache_ids.shape[0]})"
+        padded_cache_ids = torch.zeros(rows, bucket, dtype=torch.long)
+        padded_cache_ids[:, :length] = cache_ids[:, :length].long()
+        last_token_ids = padded_cache_ids.max(dim=1).values
+        logits = []
+        for row in range(rows):
+            line = int(start_ids.reshape(-1)[row])
+            padded = torch.zeros(bucket, dtype=torch.long)
+            padded[:length] = input_ids[row].long()
+            if length < bucket:
+                self._lines[line, :bucket] = padded
+            else:  # the caller's cache ids, in order: a repeated one keeps the last token
+                for position, token in zip(padded_cache_ids[row].tolist(), padded.tolist(), strict=True):
+                    self._lines[line, position] = token
+            self._steps[line] = 0
+            logits.append(self._context_logits(padded, int(last_token_ids[row])))
+        _calllog.record(
+            "forward",
+            kind="context",
+            bucket=bucket,
+            batch_size=1,
+            rows=rows,
+            length=length,
+            start_ids=start_ids.reshape(-1).tolist(),
+            last_token_ids=last_token_ids.tolist(),
+        )
+        return torch.stack(logits)
+
+    def _decode(self, input_ids: torch.Tensor, cache_ids: torch.Tensor, start_ids: torch.Tensor) -> torch.Tensor:
+        """Token generation always runs the full [max_num_seqs, 1] batch: the given rows are scattered
+        onto their lines, every line left out gets token 0 at cache id 0 (the real padding, which
+        overwrites position 0 of that line), and the logits of the given lines return in input order."""
+        batch = self.neuron_config.continuous_batching.batch_size_for_shared_caches
+        full_input_ids = torch.zeros(batch, 1, dtype=input_ids.dtype)
+        full_cache_ids = torch.zeros(batch, 1, dtype=input_ids.dtype)  # like the real one: the dtype of input_ids
+        index = start_ids.flatten().unsqueeze(-1).to(torch.int64)
+        full_input_ids.scatter_(dim=0, index=index, src=input_ids)
+        full_cache_ids.scatter_(dim=0, index=index, src=cache_ids)  # a cache_ids dtype unlike input_ids' fails here
+        top = int(full_cache_ids.max())
+        if top >= self.n_positions:
+            raise StopIteration(f"position {top} is beyond n_positions {self.n_positions}")
+        for line in range(batch):
+            self._lines[line, int(full_cache_ids[line, 0])] = int(full_input_ids[line, 0])
+        given = [int(i) for i in index.reshape(-1)]
+        for line in set(given):
+            self._steps[line] += 1
+        _hold.maybe_hold(self._steps[line] for line in set(given))
+        _calllog.record(
+            "forward",
+            kind="decode",
+            bucket=next(b for b in self.token_buckets if b >= top + 1),
+            batch_size=batch,
+            rows=len(given),
+            start_ids=given,
+            cache_ids=cache_ids.reshape(-1).tolist(),
+            padded_lines=[line for line in range(batch) if line not in given],
+        )
+        return torch.stack([self._logits(line, int(full_cache_ids[line, 0])) for line in given])
+
+    def _context_logits(self, padded: torch.Tensor, last: int) -> torch.Tensor:
+        """The logits at position `last` of a context encoding: computed from the row itself (the
+        kernel attends the row's own keys under a causal mask), whatever the cache line ends up holding."""
         with torch.inference_mode():
-            logits = self._hf_model(
-                input_ids=ids.clamp(min=0), attention_mask=(ids >= 0).long(), position_ids=positions
+            out = self._hf_model(input_ids=padded[None, : last + 1], position_ids=torch.arange(last + 1)[None]).logits
+        return out[0, -1, :].float()
+
+    def _logits(self, line: int, last: int) -> torch.Tensor:
+        """The next-token logits at position `last` of one line: the model run over the tokens its
+        cache holds at positions 0..last (never-written positions are masked out)."""
+        ids = self._lines[line, : last + 1][None, :]
+        with torch.inference_mode():
+            out = self._hf_model(
+                input_ids=ids.clamp(min=0), attention_mask=(ids >= 0).long(), position_ids=torch.arange(last + 1)[None]
             ).logits
-        return logits[torch.arange(batch), last, :].float()
+        return out[0, -1, :].float()
 
 
 def _sanity_check(**kwargs: Any) -> None:

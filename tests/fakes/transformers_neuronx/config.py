@@ -1,11 +1,12 @@
-"""Mirrors src/transformers_neuronx/config.py: NeuronConfig and QuantizationConfig.
+"""Mirrors src/transformers_neuronx/config.py: ContinuousBatchingConfig, NeuronConfig and
+QuantizationConfig.
 
 Same keyword names and defaults as the real classes; like them, NeuronConfig rejects an
 unknown keyword (and a bad cast_logits_dtype, padding_side, qkv_tiling without fuse_qkv,
 ...) with an AssertionError and QuantizationConfig an unknown dtype or method with
-NotImplementedError. Options are stored; the fake acts on lhs_aligned (2-D cache ids, see
-generation_utils.py and base.py) and, like the real from_pretrained, checks cache_layout and
-continuous batching at load time.
+NotImplementedError. Options are stored; NeuronConfig derives `lhs_aligned` /
+`padding_side` as the real one does (continuous batching forces right padding with 2-D
+cache ids, whatever else was given), and the model (base.py) acts on continuous batching.
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ class QuantizationConfig:
 
 
 class ContinuousBatchingConfig:
-    """`max_num_seqs` (older spelling: `batch_size_for_shared_caches`) sequence slots; unknown keywords assert."""
+    """Same keywords as the real one (`max_num_seqs`, older spelling `batch_size_for_shared_caches`,
+    `max_model_len`, `optimized_paged_attention`, `enable_chunked_prefill`): without a number of
+    sequences it raises KeyError, an unknown keyword asserts, chunked prefill without optimized
+    paged attention asserts. `block_size` / `num_blocks` stay None until vLLM's
+    `init_cache_engine` (paged attention, which the fake does not model)."""
 
     def __init__(self, **kwargs: Any) -> None:
         if kwargs.get("max_num_seqs") is not None:
@@ -54,6 +59,8 @@ class ContinuousBatchingConfig:
         self.enable_chunked_prefill = bool(kwargs.pop("enable_chunked_prefill", False))
         if self.enable_chunked_prefill:
             assert self.optimized_paged_attention, "chunked prefill is only supported with optimized paged attention"
+        self.block_size: int | None = None
+        self.num_blocks: int | None = None
         assert len(kwargs) == 0, f"unexpected key word arguments: {kwargs.keys()}"
 
     @property

@@ -1,0 +1,279 @@
+"""`scheduler.mode: continuous`: TorchServe's continuousBatching protocol onto the step engine.
+
+With `continuousBatching: true` the frontend calls `handle()` again and again with every
+request still in flight (re-sent with an empty body, on 0.11 without headers) plus new
+arrivals; each call's reply for a request becomes one HTTP chunk, and the request stays
+in flight while its stopping criterion says "not yet". So one call here:
+
+1. requests we know that are missing from the call are gone (the client closed):
+   abort them; new ones are prepared (parsed, tokenized) and submitted to the engine,
+   or answered at once (a 4xx, a model listing);
+2. wait until some request of the call has news, or the engine finished a step (so new
+   arrivals join within a step); the engine keeps stepping meanwhile, so its next step
+   overlaps this reply's round trip to the frontend;
+3. reply for each request that has news; a request with none is left out of the reply
+   (removed from `context.request_ids`, which is what the worker encodes), so nothing is
+   written for it and the frontend keeps it in flight. That keeps a request's status line
+   unwritten until it has its first text, a 4xx/5xx or, non-streamed, its whole body.
+
+Ending a response: on 0.12 a request answered in one reply gets no `ts_stream_next` header
+(a stopping criterion returning None): one plain response with its own status and
+Content-Length. 0.11 turns None into "continue", so there such a reply opens a stream
+("true") and the next call closes it with an empty last chunk ("false").
+
+Nothing escapes `handle()`: an exception there would answer 503 to every request in
+flight and drop them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from handler.api.native import NativeApi
+from handler.engine import StepEngine, Update
+from handler.errors import EngineError, ServingError, to_http
+from handler.service import GenerationService, Work
+from handler.ts_compat import ONE_SHOT_REPLIES
+
+logger = logging.getLogger(__name__)
+
+# Longest a call waits for news; the engine answers each step well within it.
+WAIT_CAP_S = 1.0
+
+
+@dataclass
+class _Tracked:
+    work: Work
+    opened: bool = False  # a reply with ts_stream_next went out: status and headers are on the wire
+    closing: bool = False  # 0.11: the whole answer went out; the next call ends the stream
+    stash: _Reply | None = None  # 0.11: a reply held back while a call carried only error responses
+    received_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Reply:
+    body: str
+    end: bool  # the last reply for this request
+    plain_error: bool = False  # a 4xx/5xx before anything was sent: must be one plain response
+
+
+class ContinuousServing:
+    def __init__(self, service: GenerationService) -> None:
+        self.service = service
+        settings = service.config.scheduler
+        self.engine = StepEngine(service.backend, settings.prefill_token_budget, service.tokenizer_lock)
+        self.overlap = settings.overlap
+        self.step_timeout_s = service.config.handler.step_timeout_s
+        self._tracked: dict[str, _Tracked] = {}
+        self._answered: set[str] = set()  # 0.11: answered with a plain error; the frontend may re-send them
+        self._returned_at: float | None = None  # when the last handle() returned (round trip)
+        self.metrics = service.token_metrics
+        if self.overlap:
+            self.engine.start()
+
+    def handle(self, data: list[Any], context: Any) -> list[str]:
+        replies = [""] * len(data)
+        try:
+            self._handle(data, context, replies)
+        except Exception as exc:  # a bug; answer everyone in this call with a 500 instead of a 503 for all
+            logger.exception("continuous handle() failed")
+            self._fail_all(context, replies, EngineError(f"internal error: {exc}"))
+        return replies
+
+    # -- one call ----------------------------------------------------------------------
+    def _handle(self, data: list[Any], context: Any, replies: list[str]) -> None:
+        entered = time.perf_counter()
+        if self._returned_at is not None:
+            self.metrics.round_trip(context, entered - self._returned_at)
+        ids: dict[int, str] = dict(context.request_ids)
+        present = set(ids.values())
+        for request_id in [r for r in [*self._tracked, *self._answered] if r not in present]:
+            self._cancel(context, request_id)
+        step_before = self.engine.steps
+        for index, request_id in ids.items():
+            if request_id not in self._tracked and request_id not in self._answered:
+                self._admit(index, request_id, data[index], context)
+        if self.overlap:
+            if not any(r in self._answered or self._answerable(self._tracked[r]) for r in ids.values()):
+                self.engine.wait(ids.values(), step_before, min(WAIT_CAP_S, self.step_timeout_s))
+        else:
+            self.engine.step()
+        stuck = self.engine.step_running_for()
+        if stuck > self.step_timeout_s:  # a hung device call: answer now rather than hang every client
+            logger.error("a model step has been running for %.0f s (step_timeout_s %.0f)", stuck, self.step_timeout_s)
+            self._fail_all(context, replies, EngineError(f"the model did not finish a step within {stuck:.0f} s"))
+            return
+        updates = self.engine.take(r for r in ids.values() if r in self._tracked)
+        planned: dict[int, _Reply] = {}
+        for index, request_id in ids.items():
+            if request_id in self._answered:  # 0.11 kept a job we answered in full: end it
+                planned[index] = _Reply("", end=True)
+                continue
+            tracked = self._tracked[request_id]
+            tracked.work.index = index  # its place in this call, not in the first
+            reply = _merge(tracked, self._reply_for(tracked, updates.get(request_id), context))
+            if reply is not None:
+                planned[index] = reply
+        self._send(context, ids, planned, replies)
+        self.metrics.engine_steps(context, self.engine.drain_records(), self.engine.occupied, self.engine.waiting)
+        self._returned_at = time.perf_counter()
+
+    def _send(self, context: Any, ids: dict[int, str], planned: dict[int, _Reply], replies: list[str]) -> None:
+        """Put the planned replies in the call's answer; leave the others out of it."""
+        if not ONE_SHOT_REPLIES and any(r.plain_error for r in planned.values()):
+            self._errors_only(context, ids, planned, replies)
+            return
+        decisions = {index: self._ending(ids[index], reply) for index, reply in planned.items()}
+        for index, reply in planned.items():
+            replies[index] = reply.body
+        for index in set(ids) - set(planned):
+            del context.request_ids[index]  # nothing to say yet: the frontend keeps it in flight
+        context.stopping_criteria = [_criterion(decisions.get(i, False)) for i in range(len(replies))]
+
+    def _errors_only(self, context: Any, ids: dict[int, str], planned: dict[int, _Reply], replies: list[str]) -> None:
+        """TorchServe 0.11 sends a 4xx/5xx body only as a plain response (a stream opened with
+        such a status is closed after its headers), and it sets ts_stream_next on every reply of
+        a call that has stopping criteria. So a call with plain errors answers only those, with
+        no criteria; the other replies wait for the next call, which comes at once."""
+        for index, request_id in ids.items():
+            reply = planned.get(index)
+            if reply is not None and reply.plain_error:
+                replies[index] = reply.body
+                self._tracked.pop(request_id, None)
+                self._answered.add(request_id)
+                continue
+            del context.request_ids[index]
+            if reply is not None and request_id in self._tracked:
+                self._tracked[request_id].stash = reply
+        context.stopping_criteria = None
+
+    def _admit(self, index: int, request_id: str, row: Any, context: Any) -> None:
+        work = self.service.prepare(index, row, context)
+        self._tracked[request_id] = _Tracked(work)
+        if work.sequence is not None:
+            self.engine.submit(work.sequence)
+
+    def _cancel(self, context: Any, request_id: str) -> None:
+        if request_id in self._answered:
+            self._answered.discard(request_id)
+            return
+        tracked = self._tracked.pop(request_id)
+        if tracked.closing:
+            return  # it ended normally; 0.11 just dropped our closing reply
+        self.engine.abort(request_id)
+        self.metrics.cancelled(context)
+
+    # -- what to send ------------------------------------------------------------------
+    @staticmethod
+    def _answerable(tracked: _Tracked) -> bool:
+        """Has a reply without waiting for the engine."""
+        work = tracked.work
+        return tracked.closing or tracked.stash is not None or work.error is not None or work.reply is not None
+
+    def _reply_for(self, tracked: _Tracked, update: Update | None, context: Any) -> _Reply | None:
+        work = tracked.work
+        index = work.index
+        if tracked.closing:
+            return _Reply("", end=True)
+        if work.reply is not None:  # answered without generating
+            context.set_response_content_type(index, "application/json")
+            return _Reply(work.reply, end=True)
+        if work.error is not None:
+            return self._error_reply(tracked, work.error, context)
+        if update is None:
+            return None
+        sequence = update.sequence
+        context.set_response_content_type(index, work.api.content_type(sequence.request))
+        if sequence.error is not None:
+            if not sequence.request.stream:
+                return self._error_reply(tracked, sequence.error, context)
+            prefix = work.api.chunk(sequence, update.text) if update.text else ""
+            if tracked.opened or prefix:
+                logger.info("request %s failed mid-stream: %s", work.request_id, sequence.error.message)
+                return _Reply(prefix + work.api.error(sequence.error, midstream=True), end=True)
+            return self._error_reply(tracked, sequence.error, context)
+        if not sequence.request.stream:
+            if not update.ended:
+                return None  # one body, when it is whole
+            self._finished(work, context)
+            return _Reply(work.api.final(sequence), end=True)
+        body = work.api.chunk(sequence, update.text) if update.text else ""
+        if update.ended:
+            self._finished(work, context)
+            return _Reply(body + work.api.final(sequence), end=True)
+        return _Reply(body, end=False) if body else None
+
+    def _error_reply(self, tracked: _Tracked, error: ServingError, context: Any) -> _Reply:
+        work = tracked.work
+        logger.info("request %s failed: %s %s", work.request_id, error.status, error.message)
+        http = to_http(error)
+        context.set_response_status(http.status, http.phrase, work.index)
+        context.set_response_content_type(work.index, "application/json")
+        return _Reply(work.api.error(error, midstream=False), end=True, plain_error=True)
+
+    def _finished(self, work: Work, context: Any) -> None:
+        self.service.log_request(work)
+        self.metrics.request_finished(context, work.sequence)
+
+    def _ending(self, request_id: str, reply: _Reply) -> bool | None:
+        """The stopping criterion for this reply: False continue, True last chunk, None one plain response."""
+        tracked = self._tracked.get(request_id)
+        if tracked is None:  # 0.11: a job answered in full, re-sent
+            self._answered.discard(request_id)
+            return True
+        if not reply.end:
+            tracked.opened = True
+            return False
+        if tracked.opened or tracked.closing:
+            self._tracked.pop(request_id, None)
+            return True
+        if ONE_SHOT_REPLIES:
+            self._tracked.pop(request_id, None)
+            return None
+        tracked.opened = tracked.closing = True  # 0.11: this reply opens the stream, the next closes it
+        return False
+
+    def _fail_all(self, context: Any, replies: list[str], error: ServingError) -> None:
+        try:
+            ids: dict[int, str] = dict(context.request_ids)
+            planned: dict[int, _Reply] = {}
+            for index, request_id in ids.items():
+                if request_id in self._answered:
+                    planned[index] = _Reply("", end=True)
+                    continue
+                tracked = self._tracked.get(request_id)
+                if tracked is None:
+                    tracked = self._tracked[request_id] = _Tracked(Work(index, request_id, NativeApi()))
+                tracked.work.index = index
+                tracked.stash = None
+                if tracked.work.sequence is not None:
+                    self.engine.abort(request_id)
+                if tracked.closing:
+                    planned[index] = _Reply("", end=True)
+                elif tracked.opened:
+                    planned[index] = _Reply(tracked.work.api.error(error, midstream=True), end=True)
+                else:
+                    planned[index] = self._error_reply(tracked, error, context)
+            self._send(context, ids, planned, replies)
+        except Exception:
+            logger.exception("could not answer the call after a failure")
+
+    def shutdown(self) -> None:
+        self.engine.stop()
+
+
+def _merge(tracked: _Tracked, reply: _Reply | None) -> _Reply | None:
+    """A reply held back by an errors-only call goes out first, with whatever came since."""
+    stash, tracked.stash = tracked.stash, None
+    if stash is None:
+        return reply
+    if reply is None:
+        return stash
+    return _Reply(stash.body + reply.body, end=stash.end or reply.end, plain_error=stash.plain_error)
+
+
+def _criterion(decision: bool | None):
+    return lambda _reply: decision

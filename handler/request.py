@@ -1,0 +1,42 @@
+"""Domain types of one generation request, shared by the wire protocols (`api/`) and the
+backends; no wire format here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token; `do_sample=False` is greedy."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One validated request; everything downstream trusts it."""
+
+    prompt: str
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    stream: bool = True
+    ignore_eos: bool = False
+    # False for a prompt that already holds its special tokens (a rendered chat template).
+    add_special_tokens: bool = True
+    # None: no logprobs; 0: the chosen token's; n: also the n most likely alternatives.
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the deployment allows; from the handler config."""
+
+    default_max_new_tokens: int
+    max_new_tokens: int

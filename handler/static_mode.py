@@ -1,0 +1,119 @@
+"""`scheduler.mode: static`: TorchServe batching + MicroBatching, the seed's design.
+
+TorchServe hands over a batch; `MicroBatching` splits it into micro-batches and runs the
+three stages below on its threads; each micro-batch runs to its end (`MicroBatchEngine`):
+prepare:  body -> validated request -> prompt ids -> Sequence   (or a per-request error)
+generate: run the micro-batch, send each request's text as it is decoded
+finish:   the last NDJSON line, or the whole JSON body, and each request's status
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from ts.handler_utils.micro_batching import MicroBatching
+from ts.handler_utils.utils import send_intermediate_predict_response
+
+from handler.errors import EngineError, to_http
+from handler.micro_batch import MicroBatchEngine
+from handler.sequence import Sequence
+from handler.service import GenerationService, Work
+
+logger = logging.getLogger(__name__)
+
+
+class StaticServing:
+    def __init__(self, service: GenerationService, context: Any) -> None:
+        self.service = service
+        self.context = context
+        self.engine = MicroBatchEngine(service.backend)
+        self._socket_lock = threading.Lock()  # inference threads share the worker's one socket
+        micro = service.config.micro_batching
+        self.micro_batching = _IndexedMicroBatching(self, micro.micro_batch_size)
+        self.micro_batching.parallelism = micro.parallelism.model_dump()
+
+    def handle(self, data: list[Any], context: Any) -> list[str]:
+        self.context = context
+        return self.micro_batching.handle(data)
+
+    # MicroBatching calls these three on its threads.
+    def preprocess(self, indexed_rows: list[tuple[int, Any]]) -> list[Work]:
+        return [self.service.prepare(index, row, self.context) for index, row in indexed_rows]
+
+    def inference(self, work: list[Work], *args: Any, **kwargs: Any) -> list[Work]:
+        context = self.context
+        runnable = [w for w in work if w.sequence is not None]
+        by_sequence = {id(w.sequence): w for w in runnable}
+        self.service.token_metrics.micro_batch_started(context, [w.arrived_at for w in runnable])
+        for w in runnable:
+            context.set_response_content_type(w.index, w.api.content_type(w.sequence.request))
+
+        def on_text(sequence: Sequence, delta: str) -> None:
+            if sequence.request.stream:
+                w = by_sequence[id(sequence)]
+                self._send_chunk(w, w.api.chunk(sequence, delta), context)
+
+        def on_finished(sequence: Sequence) -> None:
+            # Close the stream now (finish_reason, usage, [DONE]), not when the slowest row of
+            # the micro-batch ends; the HTTP response itself ends with the batch.
+            if sequence.request.stream and sequence.error is None:
+                w = by_sequence[id(sequence)]
+                self._send_chunk(w, w.api.final(sequence), context)
+                w.final_sent = True
+
+        try:
+            self.engine.run([w.sequence for w in runnable], on_text, on_finished)
+        except Exception as exc:
+            logger.exception("micro-batch failed")
+            for w in runnable:
+                w.sequence.fail(EngineError(f"generation failed: {exc}"))
+        return work
+
+    def _send_chunk(self, work: Work, chunk: str, context: Any) -> None:
+        with self._socket_lock:
+            send_intermediate_predict_response(
+                {work.index: chunk}, {work.index: work.request_id}, "Intermediate Prediction success", 200, context
+            )
+        work.chunks_sent += 1
+
+    def postprocess(self, work: list[Work]) -> list[str]:
+        return [self._finish_one(w, self.context) for w in work]
+
+    def _finish_one(self, work: Work, context: Any) -> str:
+        if work.reply is not None:
+            context.set_response_content_type(work.index, "application/json")
+            return work.reply
+        sequence = work.sequence
+        error = work.error or (sequence.error if sequence else None)
+        if error is not None:
+            logger.info("request %s failed: %s %s", work.request_id, error.status, error.message)
+            if work.chunks_sent:  # status 200 is already on the wire: report in-band
+                return work.api.error(error, midstream=True)
+            http = to_http(error)
+            context.set_response_status(http.status, http.phrase, work.index)
+            context.set_response_content_type(work.index, "application/json")
+            return work.api.error(error, midstream=False)
+        self.service.log_request(work)
+        self.service.token_metrics.request_finished(context, sequence)
+        return "" if work.final_sent else work.api.final(sequence)
+
+    def shutdown(self) -> None:
+        """MicroBatching's threads are not daemons: stop them."""
+        self.micro_batching.shutdown()
+
+
+class _IndexedMicroBatching(MicroBatching):
+    """MicroBatching, told the batch-wide index of every request: streaming replies and
+    per-request statuses are addressed by the index in the frontend batch, but
+    MicroBatching hands each stage only its slice of the batch."""
+
+    def handle(self, data: list[Any]) -> list[Any]:
+        request_ids = getattr(self.handler.context, "request_ids", None) or {}
+        logger.info(
+            "frontend batch of %d request(s): %s",
+            len(data),
+            ",".join(request_ids.get(i, "?") for i in range(len(data))),
+        )
+        return super().handle(list(enumerate(data)))

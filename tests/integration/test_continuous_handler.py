@@ -1,0 +1,210 @@
+"""The real handler in continuous mode, driven the way TorchServe's continuousBatching
+frontend drives it (tests/torchserve_harness.py: ContinuousFrontend), with the tiny model
+on CPU: requests join and leave between steps, each gets its own answer."""
+
+import json
+import threading
+
+import pytest
+
+import handler.continuous as continuous
+from handler.failpoints import ENV_VAR as FAILPOINT_ENV
+from handler.inf2_handler import Inf2StreamingHandler
+from handler.ts_compat import ONE_SHOT_REPLIES
+from tests.torchserve_harness import ContinuousFrontend, generation_ends, make_context
+
+N_SLOTS = 2
+
+
+def model_yaml(model_dir, overlap=True, **handler):
+    return {
+        "continuousBatching": True,
+        "batchSize": 2 * N_SLOTS,
+        "handler": {"model_checkpoint_dir": str(model_dir), "n_positions": 128, "max_new_tokens": 100, **handler},
+        "scheduler": {"mode": "continuous", "n_slots": N_SLOTS, "overlap": overlap},
+    }
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["overlap", "inline"])
+def served(request, tiny_model_dir):
+    handler = Inf2StreamingHandler()
+    context = make_context(model_yaml(tiny_model_dir, overlap=request.param), str(tiny_model_dir))
+    handler.initialize(context)
+    yield handler, context
+    handler.shutdown()
+
+
+@pytest.fixture
+def frontend(served):
+    handler, context = served
+    yield ContinuousFrontend(handler, context, batch_size=2 * N_SLOTS)
+    assert handler.serving.engine.occupied == 0  # no slot leaked by the test
+
+
+def text_of(reply):
+    if reply.content_type == "application/json":
+        return json.loads(reply.body)["text"]
+    return "".join(line.get("text", "") for line in reply.lines)
+
+
+def test_streams_ndjson_while_generating(frontend, tiny_tokenizer):
+    with generation_ends(frontend.handler) as ends:
+        (reply,) = frontend.serve([{"prompt": "Today the weather is", "max_new_tokens": 20, "ignore_eos": True}])
+    assert (reply.status, reply.content_type, reply.streamed, reply.broken) == (
+        200,
+        "application/x-ndjson",
+        True,
+        False,
+    )
+    assert len(reply.sent_at) > 1 and reply.sent_at[0] < ends[-1]  # text went out before the last step
+    assert all(set(line) == {"text"} for line in reply.lines[:-1])
+    assert reply.lines[-1]["finish_reason"] == "length"
+    prompt_tokens = len(tiny_tokenizer("Today the weather is")["input_ids"])
+    assert reply.lines[-1]["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 20}
+
+
+def test_non_streamed_is_one_body(frontend):
+    (reply,) = frontend.serve([{"prompt": "Serving many users", "max_new_tokens": 12, "stream": False}])
+    assert (reply.status, reply.content_type, reply.broken) == (200, "application/json", False)
+    if ONE_SHOT_REPLIES:  # 0.12: one plain response, never an empty reply before its body
+        assert (reply.streamed, reply.replies) == (False, 1)
+    else:  # 0.11: the body opens a stream, an empty last chunk ends it
+        assert (reply.streamed, reply.replies) == (True, 2)
+    assert json.loads(reply.body)["finish_reason"] in {"eos", "length"}
+
+
+def test_a_request_joining_mid_decode_gets_its_solo_tokens(frontend):
+    body = {"prompt": "Large language models generate text", "max_new_tokens": 24, "ignore_eos": True}
+    (alone,) = frontend.serve([body])
+    first = frontend.submit({"prompt": "an earlier request", "max_new_tokens": 40, "ignore_eos": True})
+    for _ in range(4):  # the earlier one is decoding
+        frontend.call()
+    assert frontend.replies[first].chunks, "the earlier request should be mid-stream"
+    joined = frontend.submit(body)
+    frontend.run()
+    assert text_of(frontend.replies[joined]) == text_of(alone)
+    assert frontend.replies[first].lines[-1]["usage"]["completion_tokens"] == 40
+
+
+def test_one_bad_request_among_running_ones(frontend):
+    running = frontend.submit({"prompt": "Once upon a time", "max_new_tokens": 30, "ignore_eos": True})
+    frontend.call()
+    bad = frontend.submit({"prompt": "bad", "top_p": 3})
+    garbage = frontend.submit(b"\xff\xfe")
+    frontend.run()
+    for request_id in (bad, garbage):
+        reply = frontend.replies[request_id]
+        assert (reply.status, reply.streamed, reply.broken, reply.content_type) == (
+            400,
+            False,  # a plain response on 0.11 too: a stream opened with a 400 loses its body
+            False,
+            "application/json",
+        )
+    assert json.loads(frontend.replies[bad].body)["error"]["param"] == "top_p"
+    assert frontend.replies[running].lines[-1]["finish_reason"] == "length"
+
+
+def test_more_requests_than_slots_wait_and_all_finish(frontend):
+    bodies = [{"prompt": f"request number {i}", "max_new_tokens": 8 + i, "ignore_eos": True} for i in range(7)]
+    replies = frontend.serve(bodies)
+    assert [r.lines[-1]["usage"]["completion_tokens"] for r in replies] == [8 + i for i in range(7)]
+    assert not any(r.broken for r in replies)
+
+
+def test_cancelled_stream_frees_its_slot_for_a_waiting_request(frontend):
+    engine = frontend.handler.serving.engine
+    long = [frontend.submit({"prompt": f"long {i}", "max_new_tokens": 90, "ignore_eos": True}) for i in range(N_SLOTS)]
+    while not frontend.replies[long[0]].chunks:
+        frontend.call()
+    waiting = frontend.submit({"prompt": "waiting for a slot", "max_new_tokens": 5, "ignore_eos": True})
+    frontend.call()
+    assert engine.waiting == 1
+    frontend.cancel(long[0])  # the client went away after its first chunks
+    steps_at_cancel = engine.steps
+    while not frontend.replies[waiting].chunks:
+        frontend.call()
+    assert engine.steps - steps_at_cancel <= 2  # freed and taken within two steps
+    frontend.cancel(long[1])
+    frontend.run()
+    assert frontend.replies[waiting].lines[-1]["finish_reason"] == "length"
+
+
+def test_failure_at_a_decode_step_fails_that_step_and_the_next_request_is_served(frontend, monkeypatch):
+    monkeypatch.setenv(FAILPOINT_ENV, "FAIL-HERE")
+    streamed = frontend.submit({"prompt": "FAIL-HERE please", "max_new_tokens": 30, "ignore_eos": True})
+    whole = frontend.submit({"prompt": "batch-mate", "max_new_tokens": 30, "stream": False, "ignore_eos": True})
+    frontend.run()
+    streamed, whole = frontend.replies[streamed], frontend.replies[whole]
+    assert streamed.status == 200 and streamed.streamed and streamed.lines[-1]["error"]["type"] == "server_error"
+    assert whole.status == 500 and "injected failure" in json.loads(whole.body)["error"]["message"]
+    assert not streamed.broken and not whole.broken
+    (after,) = frontend.serve([{"prompt": "still here?", "max_new_tokens": 5, "stream": False}])
+    assert after.status == 200
+
+
+def test_torchserve_0_11_ends_one_reply_answers_with_a_closing_call(served, monkeypatch):
+    """0.11 treats a stopping criterion's None as 'continue': one-reply answers open a
+    stream and the next call closes it with an empty last chunk."""
+    handler, context = served
+    monkeypatch.setattr(continuous, "ONE_SHOT_REPLIES", False)
+    frontend = ContinuousFrontend(handler, context, batch_size=2 * N_SLOTS, version=(0, 11))
+    whole, bad, streamed = frontend.serve(
+        [
+            {"prompt": "Serving many users", "max_new_tokens": 6, "stream": False},
+            {"prompt": "bad", "max_new_tokens": 0},
+            {"prompt": "Today the weather is", "max_new_tokens": 6, "ignore_eos": True},
+        ]
+    )
+    assert (whole.status, whole.done, whole.broken) == (200, True, False)
+    assert json.loads(whole.body)["usage"]["completion_tokens"] <= 6
+    assert (bad.status, bad.done, bad.broken) == (400, True, False)
+    assert json.loads(bad.body)["error"]["param"] == "max_new_tokens"
+    assert streamed.lines[-1]["finish_reason"] == "length" and not streamed.broken
+    assert handler.serving.engine.occupied == 0
+
+
+def test_openai_stream_and_model_listing(frontend):
+    chat, listing = frontend.serve(
+        [
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True},
+            {},
+        ],
+        headers=[{}, {"url_path": "v1/models"}],
+    )
+    assert chat.content_type == "text/event-stream" and chat.body.endswith("data: [DONE]\n\n")
+    assert json.loads(listing.body)["data"][0]["id"] == "m"
+
+
+def test_a_hung_step_fails_the_requests_in_flight_instead_of_hanging(tiny_model_dir):
+    handler = Inf2StreamingHandler()
+    context = make_context(model_yaml(tiny_model_dir, step_timeout_s=0.3), str(tiny_model_dir))
+    handler.initialize(context)
+    backend = handler.serving.service.backend
+    release = threading.Event()
+    original = backend.decode
+
+    def hung_decode(slots):
+        release.wait(30)
+        return original(slots)
+
+    try:
+        backend.decode = hung_decode
+        frontend = ContinuousFrontend(handler, context, batch_size=2 * N_SLOTS)
+        streamed, whole = frontend.serve(
+            [
+                {"prompt": "Today the weather is", "max_new_tokens": 8, "ignore_eos": True},
+                {"prompt": "Serving many users", "max_new_tokens": 8, "stream": False},
+            ]
+        )
+        for reply in (streamed, whole):
+            assert reply.done and not reply.broken
+            error = reply.lines[-1]["error"] if reply.streamed else json.loads(reply.body)["error"]
+            assert "did not finish a step" in error["message"]
+        assert whole.status == 500
+        release.set()
+        backend.decode = original
+        (after,) = frontend.serve([{"prompt": "still here?", "max_new_tokens": 4, "stream": False}])
+        assert after.status == 200
+    finally:
+        release.set()
+        handler.shutdown()

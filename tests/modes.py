@@ -1,0 +1,22 @@
+"""Model configs for the two scheduling modes, from one base config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MODES = ("continuous", "static")
+
+
+def with_mode(config: dict[str, Any], mode: str, n_slots: int = 4) -> dict[str, Any]:
+    """`config` served in `mode`: continuous (TorchServe continuousBatching, the shipped
+    default) or static (TorchServe batching + micro_batching, micro_batch_size slots)."""
+    out = {k: v for k, v in config.items() if k not in ("continuousBatching", "scheduler")}
+    if mode == "continuous":
+        out.update(continuousBatching=True, batchSize=2 * n_slots, maxBatchDelay=0)
+        out["scheduler"] = {"mode": "continuous", "n_slots": n_slots}
+    elif mode == "static":
+        micro = out.setdefault("micro_batching", {"micro_batch_size": n_slots})
+        out["scheduler"] = {"mode": "static", "n_slots": micro["micro_batch_size"]}
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    return out
