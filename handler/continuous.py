@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from handler.api.native import NativeApi
@@ -50,7 +50,6 @@ class _Tracked:
     opened: bool = False  # a reply with ts_stream_next went out: status and headers are on the wire
     closing: bool = False  # 0.11: the whole answer went out; the next call ends the stream
     stash: _Reply | None = None  # 0.11: a reply held back while a call carried only error responses
-    received_at: float = field(default_factory=time.perf_counter)
 
 
 @dataclass

@@ -207,10 +207,9 @@ class StepEngine:
         return released
 
     def _prefill(self, admitted) -> float:
-        now = self._clock()
-        for a in admitted:
-            a.item.admitted_at = now
         started = self._clock()
+        for a in admitted:
+            a.item.admitted_at = started
         try:
             choices = self.backend.prefill([a.item.slot_request(a.slot) for a in admitted])
         except Exception as exc:

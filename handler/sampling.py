@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 from transformers import (
     LogitsProcessor,
-    LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -53,7 +52,7 @@ class SlotSampler:
                 chain.append(TopKLogitsWarper(params.top_k))
             if params.top_p < 1.0:
                 chain.append(TopPLogitsWarper(params.top_p))
-        self.processors = LogitsProcessorList(chain)
+        self.processors = chain  # called one by one: LogitsProcessorList inspects each signature, every call
         self.generator = torch.Generator()
         if params.seed is None:
             self.generator.seed()
@@ -66,7 +65,7 @@ class SlotSampler:
         scores = logits.reshape(1, -1).float()
         if len(self.processors):
             ids = torch.tensor([self.history], dtype=torch.long) if self._needs_history else _NO_IDS
-            for processor in self.processors:  # LogitsProcessorList's own call inspects each signature, every call
+            for processor in self.processors:
                 scores = processor(ids, scores)
         if self.do_sample:
             probs = torch.softmax(scores, dim=-1)

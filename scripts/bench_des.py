@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--policy", choices=POLICIES, action="append", help="default: all three")
     parser.add_argument("--load-fraction", type=float, default=0.7, help="P3's load, of capacity")
     parser.add_argument("--p4-fraction", type=float, default=0.5, help="P4's load, of capacity")
-    parser.add_argument("--sweep", type=_fractions, default=(), help="more fractions, e.g. 0.1,0.3,0.9")
+    parser.add_argument("--sweep", type=parse_fractions, default=(), help="more fractions, e.g. 0.1,0.3,0.9")
     parser.add_argument("--rate", type=float, help="also a Poisson load at this rate (req/s)")
     parser.add_argument("--requests", type=int, default=5000, help="per Poisson load")
     parser.add_argument("--streams", type=int, help="concurrent streams (default: n_slots)")
@@ -494,13 +494,16 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(json.dumps(out, indent=1))
 
 
-def _fractions(text: str) -> tuple[float, ...]:
+def parse_fractions(text: str) -> tuple[float, ...]:
+    """Fractions of capacity for a command line: '0.1,0.5,0.9', or 'none' for no loads."""
+    if text.strip().lower() in ("", "none"):
+        return ()
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         values = ()
     if not values or not all(0 < v < 1.5 for v in values):
-        raise argparse.ArgumentTypeError(f"bad fractions {text!r}: use e.g. 0.1,0.5,0.9")
+        raise argparse.ArgumentTypeError(f"bad fractions {text!r}: use e.g. 0.1,0.5,0.9 (of capacity) or none")
     return values
 
 

@@ -444,18 +444,6 @@ def knees(
     return out
 
 
-def _fractions(text: str) -> tuple[float, ...]:
-    if text.strip().lower() in ("", "none"):
-        return ()
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        values = ()
-    if not values or not all(0 < v < 1.5 for v in values):
-        raise argparse.ArgumentTypeError(f"bad fractions {text!r}: use e.g. 0.1,0.5,0.9 (of capacity) or none")
-    return values
-
-
 def _pct(value: float | None) -> str:
     return "none" if value is None else f"{value:.0%}"
 
@@ -478,7 +466,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, help="concurrent streams for P2/P5 (default: n_slots)")
     parser.add_argument("--concurrent-rounds", type=int, default=10, help="requests per stream")
     parser.add_argument(
-        "--sweep", type=_fractions, help=f"Poisson loads, fractions of capacity (default {DEFAULT_SWEEP})"
+        "--sweep", type=des.parse_fractions, help=f"Poisson loads, fractions of capacity (default {DEFAULT_SWEEP})"
     )
     parser.add_argument("--sweep-seconds", type=float, default=15.0, help="a sweep load's requests: rate x this")
     parser.add_argument("--sweep-min-requests", type=int, default=12)

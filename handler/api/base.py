@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from handler.errors import ServingError
-from handler.protocol import GenerationRequest, Limits
+from handler.request import GenerationRequest, Limits
 from handler.sequence import Sequence
 
 

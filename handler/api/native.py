@@ -12,7 +12,8 @@ from typing import Any
 
 from handler.api.base import Api
 from handler.errors import ServingError, to_http
-from handler.protocol import GenerationRequest, Limits, parse_request
+from handler.protocol import parse_request
+from handler.request import GenerationRequest, Limits
 from handler.sequence import Sequence
 
 NDJSON = "application/x-ndjson"

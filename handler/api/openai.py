@@ -27,14 +27,8 @@ from handler.api.base import Api
 from handler.api.chat_template import render_chat
 from handler.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from handler.errors import InvalidRequest, NotFound, ServingError, to_http
-from handler.protocol import (
-    GenerationRequest,
-    Limits,
-    SamplingParams,
-    checked_max_new_tokens,
-    decode_body,
-    stop_strings,
-)
+from handler.protocol import checked_max_new_tokens, decode_body, stop_strings
+from handler.request import GenerationRequest, Limits, SamplingParams
 from handler.sequence import FinishReason, Sequence
 
 logger = logging.getLogger(__name__)

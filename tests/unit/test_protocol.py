@@ -3,7 +3,8 @@ import json
 import pytest
 
 from handler.errors import InvalidRequest
-from handler.protocol import Limits, parse_request
+from handler.protocol import parse_request
+from handler.request import Limits
 
 LIMITS = Limits(default_max_new_tokens=16, max_new_tokens=100)
 
