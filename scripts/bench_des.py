@@ -17,10 +17,10 @@ Policies (`--policy`, all by default):
   `slots` policy of earlier versions.
 - `static`: TorchServe's frontend batching + one micro-batch at a time (`scheduler.mode:
   static`): a free worker takes the queued requests, waits up to `max_batch_delay` for
-  `batch_size` of them, prefills them together and decodes until the batch's longest
-  request ends (live rows charged); new arrivals wait for the whole micro-batch. (The
-  static engine as built prefills one row at a time on sim and neuronx, so this limit is
-  optimistic for it.)
+  `batch_size` of them, prefills them one row at a time (as the static engine does on sim
+  and neuronx: k rows cost k x prefill_s(1, prompt), every first token out when all are
+  done) and decodes until the batch's longest request ends (live rows charged); new
+  arrivals wait for the whole micro-batch.
 
 Loads, as scripts/bench.py sends them: `synchronous` (one stream), `concurrent` (S
 streams, each sending its next request the instant the last one ends), `poisson` and
@@ -294,7 +294,7 @@ def _static(profile: Profile, policy: Policy, arrivals: _Arrivals) -> list[Serve
             close = upcoming[-1] if len(upcoming) == need else now + delay
             queue.extend(arrivals.due(close))
         rows = sorted((queue.popleft() for _ in range(min(b, len(queue)))), key=lambda r: r.output_tokens)
-        first = t = close + profile.prefill_s(len(rows), max(r.prompt_tokens for r in rows))
+        first = t = close + sum(profile.prefill_s(1, r.prompt_tokens) for r in rows)
         steps, i = 0, 0
         while i < len(rows):  # decode until the longest ends, charging the rows still live
             step = profile.decode_s(len(rows) - i)

@@ -121,10 +121,12 @@ def test_capacity_is_the_saturated_continuous_rate(profile):
     assert capacity(profile, shape, 8) == pytest.approx(4.552, abs=0.001)
     # a budget of one prompt per step refills the slots over several steps: less
     assert capacity(profile, shape, 8, prefill_token_budget=100) < expected
-    # static and ideal batch their prefills: more at saturation, for the same lengths
+    # ideal batches its prefills: more at saturation, for the same lengths
     batched = 8 / (profile.prefill_s(8, 100) + 127 * profile.decode_s(8))
-    assert saturated_rate(profile, STATIC, shape) == pytest.approx(batched)
     assert saturated_rate(profile, IDEAL, shape) == pytest.approx(batched)
+    # static prefills row by row, as its engine does, then decodes in lockstep
+    per_row = 8 / (8 * profile.prefill_s(1, 100) + 127 * profile.decode_s(8))
+    assert saturated_rate(profile, STATIC, shape) == pytest.approx(per_row)
 
 
 def test_open_loads_use_the_clients_arrival_times(profile):
@@ -144,22 +146,24 @@ def test_prompt_spread_draws_lengths_around_the_mean(profile):
 # -- static ------------------------------------------------------------------------------
 def test_a_full_batch_goes_at_once_and_the_next_waits_for_all_of_it(profile):
     got = ttfts(profile, STATIC, at(*(0.0,) * 9))
-    batch = profile.prefill_s(8, 100) + 15 * profile.decode_s(8)
-    assert got[:8] == pytest.approx([profile.prefill_s(8, 100)] * 8)
+    prefills = 8 * profile.prefill_s(1, 100)
+    assert got[:8] == pytest.approx([prefills] * 8)  # every first token once all rows are prefilled
+    batch = prefills + 15 * profile.decode_s(8)
     assert got[8] == pytest.approx(batch + 0.02 + profile.prefill_s(1, 100))
     # a slot scheduler lets the ninth in as soon as the first eight finish, without the delay
-    assert ttfts(profile, IDEAL, at(*(0.0,) * 9))[8] == pytest.approx(batch + profile.prefill_s(1, 100))
+    ideal_batch = profile.prefill_s(8, 100) + 15 * profile.decode_s(8)
+    assert ttfts(profile, IDEAL, at(*(0.0,) * 9))[8] == pytest.approx(ideal_batch + profile.prefill_s(1, 100))
 
 
 def test_static_batch_closes_when_full_before_the_delay(profile):
     got = ttfts(profile, Policy("static", 2, max_batch_delay_s=0.02), at(0.0, 0.005))
-    pf2 = profile.prefill_s(2, 100)
+    pf2 = 2 * profile.prefill_s(1, 100)
     assert got == pytest.approx([0.005 + pf2, pf2])
 
 
 def test_static_charges_the_rows_still_live(profile):
     a, b = simulate(profile, Policy("static", 2, max_batch_delay_s=0.0), at(0.0, 0.0), Shape(100, 3))
-    assert a.finished == pytest.approx(profile.prefill_s(2, 100) + 2 * profile.decode_s(2))
+    assert a.finished == pytest.approx(2 * profile.prefill_s(1, 100) + 2 * profile.decode_s(2))
     assert b.finished == a.finished
 
 
@@ -171,7 +175,8 @@ def test_reference_for_the_7b_profile(profile):
     assert ref.idle["static"].ttft_ms.p50 == pytest.approx(47.6, rel=0.001)
     lockstep = 8 * 128 / (8 * profile.prefill_s(1, 100) + 127 * profile.decode_s(8))
     assert ref.concurrent["continuous"].output_tokens_per_s == pytest.approx(lockstep)
-    assert ref.concurrent["static"].output_tokens_per_s > ref.concurrent["continuous"].output_tokens_per_s
+    # equal lengths: both run 8 single-row prefills then 127 decodes in lockstep
+    assert ref.concurrent["static"].output_tokens_per_s == pytest.approx(lockstep)
     assert ref.p3("continuous", 0.7) < 1.5 < 10 < ref.p3("static", 0.7)
     assert ref.p4(0.5) > 10
     assert set(json.loads(json.dumps(ref.to_dict()))["loaded"]) == {"0.5", "0.7"}
