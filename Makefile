@@ -24,8 +24,8 @@ TS_CONFIG := $(BUILD)/config.properties
 # TorchServe keeps its pid file in the temp dir; a private one keeps `make stop` from
 # stopping some other torchserve on the host (e.g. one a test started).
 TS_ENV := TMPDIR=$(abspath $(BUILD)) TEMP=$(abspath $(BUILD))
-# Prometheus metrics on METRICS_PORT, the handler's token metrics included (auto-detected).
-TS_METRICS_PROPERTIES := "metrics_mode=prometheus" "model_metrics_auto_detect=true"
+# The serving state dir (handler/serving_state.py): drain and failed-start markers, read by /ping.
+STATE_DIR := $(abspath $(BUILD)/state)
 PROMPT ?= Today the weather is really nice and I am planning on
 PYTEST_ARGS ?=
 
@@ -52,8 +52,10 @@ archive: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
 	$(PY) scripts/stage_archive.py --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG) --stage $(BUILD)/stage \
 		$(if $(filter 1,$(EMBED_MODEL)),--embed-model) --export-path $(MODEL_STORE) --model-name $(MODEL_NAME)
 
-$(TS_CONFIG): Makefile
+# serving/local.properties holds the settings; the addresses and the model store are added here.
+$(TS_CONFIG): Makefile serving/local.properties
 	mkdir -p $(BUILD)
+	cp serving/local.properties $@
 	printf '%s\n' \
 		"inference_address=http://$(HOST):$(INFERENCE_PORT)" \
 		"management_address=http://$(HOST):$(MANAGEMENT_PORT)" \
@@ -63,19 +65,20 @@ $(TS_CONFIG): Makefile
 		"model_store=$(MODEL_STORE)" \
 		"load_models=$(MODEL_NAME)" \
 		"allowed_urls=file://$(abspath $(MODEL_STORE))/.*" \
-		"default_response_timeout=300" \
-		$(TS_METRICS_PROPERTIES) > $@
+		"plugins_path=$(abspath $(PLUGINS_DIR))" >> $@
 
-serve: archive
+serve: archive plugins
 	@$(PY) scripts/torchserve_compat.py require-secure-defaults  # token auth + model API off need TorchServe 0.12
 	$(MAKE) --no-print-directory $(TS_CONFIG) -B
 	mkdir -p logs
-	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 $(TS_ENV) $(BIN)/torchserve --start --ncs \
+	rm -rf $(STATE_DIR) && mkdir -p $(STATE_DIR)
+	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 INF2_STATE_DIR=$(STATE_DIR) $(TS_ENV) $(BIN)/torchserve --start --ncs \
 		--ts-config $(TS_CONFIG) --log-config serving/log4j2.xml --model-store $(MODEL_STORE) --models $(MODEL_NAME)=$(MODEL_NAME) \
 		> logs/torchserve.out 2>&1
 	@$(PY) scripts/client.py --url http://$(HOST):$(INFERENCE_PORT) --model $(MODEL_NAME) wait --timeout 600 \
 		--log logs/ts_log.log --pid-file $(BUILD)/.model_server.pid \
-		|| (tail -n 40 logs/ts_log.log; $(MAKE) --no-print-directory stop; exit 1)
+		|| (tail -n 20 logs/ts_log.log; echo; $(PY) scripts/client.py worker-error --model-log logs/model_log.log; \
+			$(MAKE) --no-print-directory stop; exit 1)
 	@echo
 	@echo "Serving $(MODEL_NAME) on http://$(HOST):$(INFERENCE_PORT) (token auth on; key in key_file.json). Try:"
 	@echo "  make demo"
@@ -83,9 +86,13 @@ serve: archive
 	@echo "       -d '{\"prompt\": \"Today the weather is\", \"max_new_tokens\": 64}' http://$(HOST):$(INFERENCE_PORT)/predictions/$(MODEL_NAME)"
 	@echo "  make stop"
 
-stop:  # returns once the frontend process is gone (torchserve --stop returns at once)
-	-@pid=$$(cat $(BUILD)/.model_server.pid 2>/dev/null); $(TS_ENV) $(BIN)/torchserve --stop; \
-		[ -z "$$pid" ] || for i in $$(seq 1 40); do kill -0 $$pid 2>/dev/null || exit 0; sleep 0.5; done
+# `make stop` drains first: new requests get 503, those in flight get DRAIN_GRACE_S seconds to
+# finish (then an in-band error); then TorchServe stops and no worker process is left behind.
+DRAIN_GRACE_S ?= 20
+
+stop:
+	-@$(TS_ENV) $(PY) scripts/stop_server.py --pid-file $(BUILD)/.model_server.pid \
+		--state-dir $(abspath $(BUILD)/state) --grace $(DRAIN_GRACE_S) --torchserve $(BIN)/torchserve
 
 demo: venv
 	$(PY) scripts/client.py --url http://$(HOST):$(INFERENCE_PORT) --model $(MODEL_NAME) \

@@ -7,6 +7,7 @@ so a typo fails `initialize` loudly instead of being silently ignored.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -14,8 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from handler.neuron.config import NeuronxConfig
 
+logger = logging.getLogger(__name__)
+
 AMP_TYPES = ("f32", "f16", "bf16")
 SectionT = TypeVar("SectionT", bound=BaseModel)
+# jobQueueSize above this many x n_slots: the back of a full queue waits that many request
+# durations for a slot, longer than clients wait; such a queue turns fast 503s into timeouts.
+JOB_QUEUE_WARN_PER_SLOT = 32
 
 
 class ConfigError(ValueError):
@@ -121,6 +127,7 @@ class ServingConfig(BaseModel):
     micro_batching: MicroBatchingConfig
     scheduler: SchedulerConfig = SchedulerConfig()
     batch_size: int
+    job_queue_size: int | None = None  # TorchServe's jobQueueSize; None: the frontend's job_queue_size (100)
 
     @classmethod
     def from_model_yaml(cls, raw: dict[str, Any] | None) -> ServingConfig:
@@ -138,6 +145,8 @@ class ServingConfig(BaseModel):
             raise ConfigError(f"model-config.yaml: batchSize must be a positive integer, got {batch_size!r}")
         _check_scheduler(scheduler, bool(raw.get("continuousBatching", False)), batch_size)
         _check_workers(scheduler, raw)
+        _check_batch_delay(scheduler, raw)
+        job_queue_size = _check_job_queue(raw, scheduler.n_slots)
         if scheduler.mode == "static" and micro.micro_batch_size > scheduler.n_slots:
             raise ConfigError(
                 f"model-config.yaml: micro_batching.micro_batch_size ({micro.micro_batch_size}) is above "
@@ -148,7 +157,69 @@ class ServingConfig(BaseModel):
                 f"model-config.yaml: micro_batching.micro_batch_size ({micro.micro_batch_size}) is above batchSize "
                 f"({batch_size}); a micro-batch could never fill. Set micro_batch_size <= batchSize"
             )
-        return cls(handler=handler, micro_batching=micro, scheduler=scheduler, batch_size=batch_size)
+        return cls(
+            handler=handler,
+            micro_batching=micro,
+            scheduler=scheduler,
+            batch_size=batch_size,
+            job_queue_size=job_queue_size,
+        )
+
+
+def _check_job_queue(raw: dict[str, Any], n_slots: int) -> int | None:
+    """`jobQueueSize`: the requests TorchServe's frontend queues for the model beyond the
+    `batchSize` in the worker; one more gets a fast 503 (0.11 and 0.12: Model.addJob). The
+    frontend ignores a non-integer and reads 0 or less as "use config.properties'
+    job_queue_size" (default 100), both silently: refuse them. Unset: warn, with the rule."""
+    suggested = 4 * n_slots
+    if "jobQueueSize" not in raw:
+        logger.warning(
+            "model-config.yaml sets no jobQueueSize: TorchServe queues up to job_queue_size (config.properties, "
+            "default 100) requests before it answers 503; size it from the slots, e.g. jobQueueSize: %d "
+            "(docs/configuration.md)",
+            suggested,
+        )
+        return None
+    size = raw["jobQueueSize"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ConfigError(
+            f"model-config.yaml: jobQueueSize must be a positive integer, got {size!r}; TorchServe would silently "
+            f"fall back to config.properties' job_queue_size (default 100). Size it from the slots, e.g. "
+            f"jobQueueSize: {suggested}"
+        )
+    if size > JOB_QUEUE_WARN_PER_SLOT * n_slots:
+        logger.warning(
+            "jobQueueSize %d is above %d x scheduler.n_slots (%d): the last queued request waits about %d request "
+            "durations for a slot, longer than most clients wait, so overload ends in client timeouts instead of "
+            "fast 503s; e.g. jobQueueSize: %d",
+            size,
+            JOB_QUEUE_WARN_PER_SLOT,
+            n_slots,
+            size // n_slots,
+            suggested,
+        )
+    return size
+
+
+def _check_batch_delay(scheduler: SchedulerConfig, raw: dict[str, Any]) -> None:
+    """`maxBatchDelay: 0` is not zero: TorchServe (0.11 and 0.12, ModelManager) replaces a
+    value that is not positive, or none, with its default 100 ms, and in continuous mode every
+    request that finds the worker idle waits that long before its prefill (measured: idle
+    TTFT 140 ms against a 28 ms prefill). 1 ms is the shortest wait it keeps."""
+    delay = raw.get("maxBatchDelay")
+    if delay is None:
+        if scheduler.mode == "continuous":  # static: the 100 ms batch window is a fair choice
+            logger.warning(
+                "model-config.yaml sets no maxBatchDelay: TorchServe waits its default 100 ms for company "
+                "whenever a request finds the worker idle; set maxBatchDelay: 1"
+            )
+        return
+    if not isinstance(delay, int) or delay < 1:
+        raise ConfigError(
+            f"model-config.yaml: maxBatchDelay must be a positive number of milliseconds, got {delay!r}: TorchServe "
+            "replaces 0 (or no value) with 100 ms, which every request that finds the worker idle would wait. "
+            + ("Set maxBatchDelay: 1" if scheduler.mode == "continuous" else "Set the batch window you want, e.g. 20")
+        )
 
 
 def _check_workers(scheduler: SchedulerConfig, raw: dict[str, Any]) -> None:

@@ -23,6 +23,10 @@ Content-Length. 0.11 turns None into "continue", so there such a reply opens a s
 
 Nothing escapes `handle()`: an exception there would answer 503 to every request in
 flight and drop them all.
+
+Draining (handler/drain.py): new requests get a 503; at the deadline the engine fails
+whatever is still in it, and those requests end the way a failed step ends them (a last
+error line, or a 503 if nothing was sent yet).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from handler import drain
 from handler.api.native import NativeApi
 from handler.engine import StepEngine, Update
 from handler.errors import EngineError, ServingError, to_http
@@ -42,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 # Longest a call waits for news; the engine answers each step well within it.
 WAIT_CAP_S = 1.0
+# The frontend calls again at once while it holds a job of ours; this long without a call
+# means it holds none, whatever is left in `_tracked` (a client that went away unnoticed).
+IDLE_GAP_S = 2 * WAIT_CAP_S
 
 
 @dataclass
@@ -69,35 +77,56 @@ class ContinuousServing:
         self._tracked: dict[str, _Tracked] = {}
         self._answered: set[str] = set()  # 0.11: answered with a plain error; the frontend may re-send them
         self._returned_at: float | None = None  # when the last handle() returned (round trip)
+        self._in_call = False
+        self._left_call_at = 0.0  # perf_counter when the last handle() returned, whatever happened
         self.metrics = service.token_metrics
+        self._context: Any = None  # the frontend's context (one object for the worker's life), for idle gauges
+        self.engine.on_idle = self._idle_gauges
         if self.overlap:
             self.engine.start()
+        self.drain = drain.DrainWatcher.from_env(self.busy)
+        self.drain.start()
 
     def handle(self, data: list[Any], context: Any) -> list[str]:
         replies = [""] * len(data)
+        self._in_call = True
         try:
             self._handle(data, context, replies)
         except Exception as exc:  # a bug; answer everyone in this call with a 500 instead of a 503 for all
             logger.exception("continuous handle() failed")
             self._fail_all(context, replies, EngineError(f"internal error: {exc}"))
+        finally:
+            self._left_call_at = time.perf_counter()
+            self._in_call = False
         return replies
+
+    def busy(self) -> bool:
+        """Whether a request of this worker is still in flight (the drain watcher's question)."""
+        if self._in_call:
+            return True
+        if not (self._tracked or self._answered):
+            return False
+        return time.perf_counter() - self._left_call_at < IDLE_GAP_S
 
     # -- one call ----------------------------------------------------------------------
     def _handle(self, data: list[Any], context: Any, replies: list[str]) -> None:
         entered = time.perf_counter()
+        self._context = context
         if self._returned_at is not None:
             self.metrics.round_trip(context, entered - self._returned_at)
         ids: dict[int, str] = dict(context.request_ids)
         present = set(ids.values())
         for request_id in [r for r in [*self._tracked, *self._answered] if r not in present]:
             self._cancel(context, request_id)
+        if self.drain.expired:
+            self.engine.fail_all(drain.cut())
         step_before = self.engine.steps
         for index, request_id in ids.items():
             if request_id not in self._tracked and request_id not in self._answered:
                 self._admit(index, request_id, data[index], context)
         if self.overlap:
             if not any(r in self._answered or self._answerable(self._tracked[r]) for r in ids.values()):
-                self.engine.wait(ids.values(), step_before, min(WAIT_CAP_S, self.step_timeout_s))
+                self.engine.wait(ids.values(), step_before, self._wait_cap())
         else:
             self.engine.step()
         stuck = self.engine.step_running_for()
@@ -149,8 +178,17 @@ class ContinuousServing:
                 self._tracked[request_id].stash = reply
         context.stopping_criteria = None
 
+    def _wait_cap(self) -> float:
+        """How long a call may wait for news: wake at the drain deadline to end what is left
+        (past it, the engine's next step fails them and the wait ends with that news)."""
+        cap = min(WAIT_CAP_S, self.step_timeout_s)
+        left = self.drain.seconds_left()
+        return cap if left is None or left <= 0 else min(cap, left)
+
     def _admit(self, index: int, request_id: str, row: Any, context: Any) -> None:
         work = self.service.prepare(index, row, context)
+        if self.drain.draining:  # answered like any other error, in the route's own format
+            work.sequence, work.reply, work.error = None, None, drain.refused()
         self._tracked[request_id] = _Tracked(work)
         if work.sequence is not None:
             self.engine.submit(work.sequence)
@@ -260,7 +298,16 @@ class ContinuousServing:
         except Exception:
             logger.exception("could not answer the call after a failure")
 
+    def _idle_gauges(self) -> None:
+        """The engine went idle: report it now. A cancelled request with nothing else in flight
+        gets no further frontend call, so the last call's gauges would otherwise stay up."""
+        if self._context is not None:
+            self.metrics.engine_steps(
+                self._context, self.engine.drain_records(), self.engine.occupied, self.engine.waiting
+            )
+
     def shutdown(self) -> None:
+        self.drain.stop()
         self.engine.stop()
 
 

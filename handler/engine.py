@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from handler import failpoints
 from handler.backends.base import Backend, TokenChoice
-from handler.errors import EngineError
+from handler.errors import EngineError, ServingError
 from handler.scheduler import SlotScheduler
 from handler.sequence import Sequence
 
@@ -73,11 +73,15 @@ class StepEngine:
         self._changed = threading.Condition()  # guards everything below; notified after each step
         self._outboxes: dict[str, _Outbox] = {}
         self._aborts: list[str] = []
+        self._failure: ServingError | None = None  # fail_all(): applied at the start of the next step
         self._records: list[StepRecord] = []
         self.steps = 0
         self._step_started: float | None = None  # while a step runs
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # Called (from the stepping thread) after a step that left the engine idle, e.g. one that
+        # ran a cancelled request to its end with no frontend call to follow: the gauges say 0 then.
+        self.on_idle: Callable[[], None] | None = None
 
     # -- the caller's side -------------------------------------------------------------
     def submit(self, sequence: Sequence) -> None:
@@ -93,6 +97,14 @@ class StepEngine:
         with self._changed:
             if request_id in self._outboxes:
                 self._aborts.append(request_id)
+                self._changed.notify_all()
+
+    def fail_all(self, error: ServingError) -> None:
+        """End every sequence in the engine, waiting or running, with `error` at the start of
+        the next step (the drain deadline passed); they end as if a step had failed."""
+        with self._changed:
+            if not self.scheduler.idle:
+                self._failure = error
                 self._changed.notify_all()
 
     def take(self, request_ids: Iterable[str]) -> dict[str, Update]:
@@ -161,7 +173,7 @@ class StepEngine:
     def _run(self) -> None:
         while True:
             with self._changed:
-                while not self._stopping and self.scheduler.idle and not self._aborts:
+                while not self._stopping and self.scheduler.idle and not self._aborts and self._failure is None:
                     self._changed.wait()
                 if self._stopping:
                     return
@@ -174,14 +186,20 @@ class StepEngine:
     def step(self) -> bool:
         """Run one step; False when there was nothing to do."""
         self._step_started = self._clock()
+        busy = not self.scheduler.idle or bool(self._aborts)
         try:
             return self._step()
         finally:
             self._step_started = None
+            if busy and self.on_idle is not None and self.scheduler.idle:
+                try:
+                    self.on_idle()
+                except Exception:
+                    logger.exception("on_idle failed")
 
     def _step(self) -> bool:
         with self._changed:
-            released = self._apply_aborts()
+            released = self._apply_aborts() + self._apply_failure()
             admitted = self.scheduler.schedule()
         for slot in released:
             self._release(slot)
@@ -204,6 +222,23 @@ class StepEngine:
             if box is not None:
                 logger.info("request %s cancelled by its client", request_id)
         self._aborts.clear()
+        return released
+
+    def _apply_failure(self) -> list[int]:
+        error, self._failure = self._failure, None
+        if error is None:
+            return []
+        failed, released = 0, []
+        for request_id, box in self._outboxes.items():
+            dropped = None if box.ended else self.scheduler.abort(request_id)
+            if dropped is None:
+                continue
+            box.sequence.fail(error)
+            box.ended = True
+            failed += 1
+            if dropped[0] is not None:
+                released.append(dropped[0])
+        logger.info("%d sequence(s) ended: %s", failed, error.message)
         return released
 
     def _prefill(self, admitted) -> float:
@@ -248,6 +283,7 @@ class StepEngine:
                     self.scheduler.finish(sequence.request_id)
                     if box is not None:
                         box.ended = True
+            self._changed.notify_all()  # first tokens go out as soon as the prefill is done, not after the decode
         for slot in ended:
             self._release(slot)
 

@@ -37,6 +37,21 @@ class EngineError(ServingError):
     error_type = "server_error"
 
 
+class ServiceUnavailable(ServingError):
+    """The server is shutting down (draining): retry elsewhere or later."""
+
+    status = 503
+    error_type = "service_unavailable"
+
+
+class ModelLoadFailed(ServingError):
+    """This worker could not load the model (handler/init_failure.py): it answers at once
+    instead of letting requests queue, and restarts after a hold time."""
+
+    status = 503
+    error_type = "model_load_failed"
+
+
 @dataclass(frozen=True)
 class HttpError:
     status: int

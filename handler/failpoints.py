@@ -1,17 +1,27 @@
-"""Fault injection for end-to-end tests: off unless INF2_FAILPOINT_PROMPT is set.
+"""Fault injection for end-to-end tests: each is off unless its variable is set.
 
-With INF2_FAILPOINT_PROMPT=<marker>, a decode step holding a sequence whose prompt
-contains the marker and which has generated FAIL_AFTER_TOKENS tokens fails, exactly
-where a real device or model error would surface (the backend call). Nothing else changes.
+INF2_FAILPOINT_PROMPT=<marker>: a decode step holding a sequence whose prompt contains the
+marker and which has generated FAIL_AFTER_TOKENS tokens fails, exactly where a real device
+or model error would surface (the backend call). Nothing else changes.
+INF2_FAILPOINT_WARMUP_S=<seconds>: the warm-up at model load takes that much longer (a slow
+start on the sim backend, for readiness tests).
+INF2_FAILPOINT_INIT=<message>: loading the model fails with that message (a worker that
+cannot start).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Iterable
 
 ENV_VAR = "INF2_FAILPOINT_PROMPT"
 FAIL_AFTER_TOKENS = 8
+WARMUP_ENV = "INF2_FAILPOINT_WARMUP_S"
+INIT_ENV = "INF2_FAILPOINT_INIT"
+
+logger = logging.getLogger(__name__)
 
 
 class InjectedFailure(RuntimeError):
@@ -26,3 +36,18 @@ def check_decode(prompts_and_counts: Iterable[tuple[str, int]]) -> None:
     for prompt, generated in prompts_and_counts:
         if marker in prompt and generated >= FAIL_AFTER_TOKENS:
             raise InjectedFailure(f"{ENV_VAR}: injected failure in a decode step")
+
+
+def check_init() -> None:
+    """Raise InjectedFailure (with INF2_FAILPOINT_INIT's text) when that failpoint is set."""
+    message = os.environ.get(INIT_ENV)
+    if message:
+        raise InjectedFailure(message)
+
+
+def delay_warmup() -> None:
+    """Sleep INF2_FAILPOINT_WARMUP_S seconds, when set: a warm-up that takes that much longer."""
+    seconds = float(os.environ.get(WARMUP_ENV) or 0)
+    if seconds > 0:
+        logger.info("%s: the warm-up takes %.1f s longer", WARMUP_ENV, seconds)
+        time.sleep(seconds)

@@ -28,6 +28,7 @@ if os.path.isdir(_BUNDLED_DEPS) and _BUNDLED_DEPS not in sys.path:
 
 from ts.torch_handler.base_handler import BaseHandler
 
+from handler.init_failure import FailedServing
 from handler.service import GenerationService
 
 logger = logging.getLogger(__name__)
@@ -36,19 +37,14 @@ logger = logging.getLogger(__name__)
 class Inf2StreamingHandler(BaseHandler):
     def __init__(self) -> None:
         super().__init__()
-        self.serving = None  # ContinuousServing or StaticServing, by scheduler.mode
+        self.serving = None  # ContinuousServing or StaticServing, by scheduler.mode; FailedServing if loading failed
 
     def initialize(self, context) -> None:
         self.context = context
-        service = GenerationService.from_context(context)
-        if service.config.scheduler.mode == "continuous":
-            from handler.continuous import ContinuousServing
-
-            self.serving = ContinuousServing(service)
-        else:
-            from handler.static_mode import StaticServing
-
-            self.serving = StaticServing(service, context)
+        try:
+            self.serving = _start_serving(context)
+        except Exception as exc:  # answer requests fast instead of letting them queue: handler/init_failure.py
+            self.serving = FailedServing.start(exc, context)
         self.initialized = True
 
     def handle(self, data, context):
@@ -59,4 +55,22 @@ class Inf2StreamingHandler(BaseHandler):
         """Stop the engine's or MicroBatching's threads and release the model."""
         if self.serving is not None:
             self.serving.shutdown()
-            self.serving.service.close()
+            service = getattr(self.serving, "service", None)  # none in the failed state
+            if service is not None:
+                service.close()
+
+
+def _start_serving(context):
+    """Load the model and start the serving mode `scheduler.mode` names."""
+    service = GenerationService.from_context(context)
+    try:
+        if service.config.scheduler.mode == "continuous":
+            from handler.continuous import ContinuousServing
+
+            return ContinuousServing(service)
+        from handler.static_mode import StaticServing
+
+        return StaticServing(service, context)
+    except BaseException:
+        service.close()
+        raise

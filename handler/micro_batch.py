@@ -5,6 +5,8 @@ baseline). It drives the same step-level backends as the continuous engine.
 No TorchServe and no HTTP here: `on_text(sequence, delta)` is how text leaves, and
 `on_finished(sequence)` is called the moment a sequence ends while its batch-mates may
 still be generating. Whatever a backend raises, every sequence ends finished or failed.
+`interrupt()`, asked before each step, may end the micro-batch early: it returns the error
+the unfinished sequences fail with (the drain deadline passed).
 """
 
 from __future__ import annotations
@@ -16,18 +18,20 @@ from collections.abc import Sequence as Seq
 
 from handler import failpoints
 from handler.backends.base import Backend, TokenChoice
-from handler.errors import EngineError
+from handler.errors import EngineError, ServingError
 from handler.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
 TextCallback = Callable[[Sequence, str], None]
 FinishCallback = Callable[[Sequence], None]
+Interrupt = Callable[[], ServingError | None]
 
 
 class MicroBatchEngine:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, interrupt: Interrupt | None = None) -> None:
         self.backend = backend
+        self._interrupt = interrupt or (lambda: None)
         # One micro-batch on the model at a time: the backend's slots and (on Neuron) its
         # decode kernel are shared; micro-batches from several inference threads take turns.
         self._model_lock = threading.Lock()
@@ -44,9 +48,11 @@ class MicroBatchEngine:
     def _run(self, sequences: list[Sequence], on_text: TextCallback, on_finished: FinishCallback) -> None:
         live = list(enumerate(sequences))  # slot i holds sequence i
         try:
+            if self._interrupted(live):
+                return
             choices = self.backend.prefill([s.slot_request(slot) for slot, s in live])
             live = self._deliver(live, choices, on_text, on_finished)
-            while live:
+            while live and not self._interrupted(live):
                 failpoints.check_decode((s.request.prompt, s.completion_tokens) for _, s in live)
                 choices = self.backend.decode([slot for slot, _ in live])
                 live = self._deliver(live, choices, on_text, on_finished)
@@ -58,6 +64,15 @@ class MicroBatchEngine:
         finally:
             for slot, _ in live:
                 self._release(slot)
+
+    def _interrupted(self, live: list[tuple[int, Sequence]]) -> bool:
+        error = self._interrupt()
+        if error is None:
+            return False
+        logger.info("%d sequence(s) ended: %s", len(live), error.message)
+        for _, sequence in live:
+            sequence.fail(error)
+        return True
 
     def _deliver(
         self,

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from handler import failpoints
 from handler.api import Api, route_path, select_api
 from handler.api.native import NativeApi
 from handler.backends.base import Backend
@@ -52,11 +53,15 @@ class GenerationService:
 
     @classmethod
     def from_context(cls, context: Any) -> GenerationService:
+        failpoints.check_init()
         config = ServingConfig.from_model_yaml(context.model_yaml_config)
         model_dir = context.system_properties.get("model_dir")
         started = time.perf_counter()
         backend = load_backend(config, model_dir, context)
         backend.warmup()
+        failpoints.delay_warmup()
+        # Readiness: this line is logged just before initialize() returns, and the /ping plugin
+        # (serving/plugins) says 200 only after that.
         logger.info(
             "backend %s ready in %.1f s (n_positions=%d, n_slots=%d, scheduler=%s)",
             backend.name,

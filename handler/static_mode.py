@@ -5,6 +5,11 @@ three stages below on its threads; each micro-batch runs to its end (`MicroBatch
 prepare:  body -> validated request -> prompt ids -> Sequence   (or a per-request error)
 generate: run the micro-batch, send each request's text as it is decoded
 finish:   the last NDJSON line, or the whole JSON body, and each request's status
+
+Draining (handler/drain.py): prepare answers new requests 503; at the deadline the
+running micro-batches stop and their requests end with an error (a last error line
+where the stream is open). TorchServe hands a worker one batch at a time, so a request
+that arrives while a batch runs gets its 503 when that batch ends.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from typing import Any
 from ts.handler_utils.micro_batching import MicroBatching
 from ts.handler_utils.utils import send_intermediate_predict_response
 
-from handler.errors import EngineError, to_http
+from handler import drain
+from handler.errors import EngineError, ServingError, to_http
 from handler.micro_batch import MicroBatchEngine
 from handler.sequence import Sequence
 from handler.service import GenerationService, Work
@@ -28,19 +34,37 @@ class StaticServing:
     def __init__(self, service: GenerationService, context: Any) -> None:
         self.service = service
         self.context = context
-        self.engine = MicroBatchEngine(service.backend)
+        self.engine = MicroBatchEngine(service.backend, interrupt=self._drain_deadline)
         self._socket_lock = threading.Lock()  # inference threads share the worker's one socket
         micro = service.config.micro_batching
         self.micro_batching = _IndexedMicroBatching(self, micro.micro_batch_size)
         self.micro_batching.parallelism = micro.parallelism.model_dump()
+        self._calls = 0  # handle() calls running: the frontend sends one batch at a time
+        # After a batch the frontend may take up to maxBatchDelay to send the next one (requests
+        # that queued meanwhile): idle that long before counting as drained, so they get their 503.
+        self.drain = drain.DrainWatcher.from_env(lambda: self._calls > 0, settle_s=_batch_delay_s(context) + 0.2)
+        self.drain.start()
 
     def handle(self, data: list[Any], context: Any) -> list[str]:
         self.context = context
-        return self.micro_batching.handle(data)
+        self._calls += 1
+        try:
+            return self.micro_batching.handle(data)
+        finally:
+            self._calls -= 1
+
+    def _drain_deadline(self) -> ServingError | None:
+        return drain.cut() if self.drain.expired else None
 
     # MicroBatching calls these three on its threads.
     def preprocess(self, indexed_rows: list[tuple[int, Any]]) -> list[Work]:
-        return [self.service.prepare(index, row, self.context) for index, row in indexed_rows]
+        return [self._prepare(index, row) for index, row in indexed_rows]
+
+    def _prepare(self, index: int, row: Any) -> Work:
+        work = self.service.prepare(index, row, self.context)
+        if self.drain.draining:  # answered like any other error, in the route's own format
+            work.sequence, work.reply, work.error = None, None, drain.refused()
+        return work
 
     def inference(self, work: list[Work], *args: Any, **kwargs: Any) -> list[Work]:
         context = self.context
@@ -101,7 +125,16 @@ class StaticServing:
 
     def shutdown(self) -> None:
         """MicroBatching's threads are not daemons: stop them."""
+        self.drain.stop()
         self.micro_batching.shutdown()
+
+
+def _batch_delay_s(context: Any) -> float:
+    """The model's maxBatchDelay (TorchServe's default: 100 ms)."""
+    try:
+        return float((getattr(context, "model_yaml_config", None) or {}).get("maxBatchDelay", 100)) / 1000
+    except (TypeError, ValueError):
+        return 0.1
 
 
 class _IndexedMicroBatching(MicroBatching):

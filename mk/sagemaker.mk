@@ -47,14 +47,16 @@ endif
 
 # serving/sagemaker.properties as the container runs it, bound to $(HOST):$(INFERENCE_PORT)
 # (0.0.0.0:8080 inside the container) and with the model registered as "model", as there.
-sagemaker-local: archive
+sagemaker-local: archive plugins
 	mkdir -p $(BUILD) logs
+	rm -rf $(STATE_DIR) && mkdir -p $(STATE_DIR)
 	sed -e 's|^inference_address=.*|inference_address=http://$(HOST):$(INFERENCE_PORT)|' \
 		-e 's|^management_address=.*|management_address=http://$(HOST):$(MANAGEMENT_PORT)|' \
 		-e 's|^metrics_address=.*|metrics_address=http://$(HOST):$(METRICS_PORT)|' \
 		-e 's|^model_store=.*|model_store=$(MODEL_STORE)|' \
+		-e 's|^plugins_path=.*|plugins_path=$(abspath $(PLUGINS_DIR))|' \
 		serving/sagemaker.properties > $(SAGEMAKER_LOCAL_CONFIG)
-	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 $(TS_ENV) $(BIN)/torchserve --start --ncs \
+	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 INF2_STATE_DIR=$(STATE_DIR) $(TS_ENV) $(BIN)/torchserve --start --ncs \
 		--ts-config $(SAGEMAKER_LOCAL_CONFIG) --log-config serving/log4j2.xml \
 		--model-store $(MODEL_STORE) --models model=$(MODEL_NAME) > logs/torchserve.out 2>&1
 	@# /ping can say Healthy before the worker has loaded the model: wait for a real answer
@@ -70,11 +72,12 @@ sagemaker-local: archive
 
 # Your checkpoint (MODEL_DIR, compiled with `make compile MODEL_CONFIG=$(SAGEMAKER_MODEL_CONFIG)`),
 # embedded, with SAGEMAKER_MODEL_CONFIG, the handler's dependencies for the DLC's Python 3.10
-# (pip, from PyPI or pip's configured index) and serving/sagemaker.properties.
+# (pip, from PyPI or pip's configured index), serving/sagemaker.properties and the /ping plugin
+# (built into $(PLUGINS_DIR) by the script, after it has checked the checkpoint).
 sagemaker-archive: venv $(if $(and $(_sagemaker_tiny),$(filter 1,$(SAGEMAKER_ALLOW_TINY_MODEL))),model)
 	$(if $(_sagemaker_tiny_refused),$(error $(_sagemaker_tiny_message)))
 	$(PY) scripts/sagemaker_archive.py --model-dir $(MODEL_DIR) --config $(SAGEMAKER_MODEL_CONFIG) \
-		--model-name $(MODEL_NAME) --build-dir $(SAGEMAKER_BUILD)
+		--model-name $(MODEL_NAME) --build-dir $(SAGEMAKER_BUILD) --plugins-dir $(PLUGINS_DIR)
 
 sagemaker-upload: sagemaker-archive
 	$(PY) scripts/sagemaker_upload.py --model-dir $(SAGEMAKER_MODEL_FOLDER) --s3-uri $(SAGEMAKER_S3_URI) $(_aws_region)

@@ -2,7 +2,7 @@
 
 sim (default): the server runs the `sim` backend (a compiled Inferentia model timed by the
 profile). The suite starts torchserve once per mode with a generated model-config:
-  continuous  continuousBatching: true, batchSize 2 x n_slots, maxBatchDelay 0,
+  continuous  continuousBatching: true, batchSize 2 x n_slots, maxBatchDelay 1,
               scheduler {mode: continuous, n_slots, prefill_token_budget, overlap}
   static      batchSize = micro_batch_size = n_slots, maxBatchDelay 20 ms, scheduler.mode static
 and sends each the same loads: one stream (synchronous), B = n_slots concurrent streams,
@@ -79,9 +79,9 @@ def with_scheduler(
     engine's waiting FIFO). 2 x n_slots lets the engine refill every slot at the very next
     step even when all of them end together (a fixed-length batch does), without waiting a
     round trip to the frontend; more would only hold requests in one worker that the
-    frontend queue holds just as well (FIFO either way). maxBatchDelay 0, as TorchServe's
-    inf2 continuous-batching example: with requests in flight the frontend never waits, and
-    a lone request should not wait for company.
+    frontend queue holds just as well (FIFO either way). maxBatchDelay 1 ms: with requests
+    in flight the frontend never waits, and a lone request should not wait for company (0
+    would be TorchServe's 100 ms default, see handler/config.py _check_batch_delay).
     static: today's TorchServe batching, batchSize = micro_batch_size = n_slots."""
     out = copy.deepcopy(config)
     micro = out.setdefault("micro_batching", {})
@@ -90,7 +90,7 @@ def with_scheduler(
     if mode == "continuous":
         out["continuousBatching"] = True
         out["batchSize"] = in_flight or 2 * n_slots
-        out["maxBatchDelay"] = 0
+        out["maxBatchDelay"] = 1
         out["scheduler"] = {
             "mode": "continuous",
             "n_slots": n_slots,
@@ -541,6 +541,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         for m in modes
     }
+    for config in configs.values():  # the bench measures waiting, not load shedding: room to queue a whole load
+        config["jobQueueSize"] = max(config.get("jobQueueSize", 1), *(x.requests for x in plan.loads))
     if capacity:
         print(
             f"[bench] capacity {capacity:.3f} req/s: the continuous policy's saturated throughput at "

@@ -6,6 +6,8 @@ key_file.json TorchServe writes into the directory it was started from.
     python scripts/client.py generate "Today the weather is" --max-new-tokens 64
     python scripts/client.py wait --timeout 120
     python scripts/client.py token          # prints the inference key (for curl)
+    python scripts/client.py worker-error   # why the worker failed, from logs/model_log.log
+    python scripts/client.py ping           # readiness with the key: exit 0 on 200 (an exec probe)
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scripts.worker_log import failure_cause
 
 
 def inference_key(key_file: Path) -> str | None:
@@ -61,6 +66,8 @@ def wait_ready(
             if response.status_code == 200:
                 return time.monotonic() - started
             last = f"HTTP {response.status_code}: {response.text[:200]}"
+            if response.status_code == 503 and _load_failed_answer(response):
+                raise SystemExit(f"HTTP 503: {response.json()['error']['message']}")
         except httpx.HTTPError as exc:
             last = repr(exc)
         if log and log.exists() and _load_failed(log, log_start):
@@ -77,6 +84,14 @@ def _alive(pid_file: Path) -> bool:
     except (OSError, ValueError, IndexError):
         return False
     return True
+
+
+def _load_failed_answer(response: httpx.Response) -> bool:
+    """The worker's own answer while it cannot load the model (handler/init_failure.py)."""
+    try:
+        return response.json()["error"]["type"] == "model_load_failed"
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def _load_failed(log: Path, offset: int) -> bool:
@@ -102,11 +117,24 @@ def main() -> None:
     wait.add_argument("--log", type=Path, help="TorchServe log to watch for load failures")
     wait.add_argument("--pid-file", type=Path, help="TorchServe's pid file: stop waiting when it is gone")
     sub.add_parser("token", help="print the inference key")
+    sub.add_parser("ping", help="GET /ping with the inference key (read now); exit 0 only on 200")
+    error = sub.add_parser("worker-error", help="print why the worker failed (the last traceback in the model log)")
+    error.add_argument("--model-log", type=Path, default=Path("logs/model_log.log"))
     args = parser.parse_args()
 
     url = f"{args.url}/predictions/{args.model}"
     if args.command == "token":
         print(inference_key(args.key_file) or "")
+    elif args.command == "ping":
+        try:
+            response = httpx.get(f"{args.url}/ping", headers=auth_headers(args.key_file), timeout=5)
+        except httpx.HTTPError as exc:
+            raise SystemExit(f"/ping: {exc!r}") from None
+        print(response.status_code, response.text.strip())
+        sys.exit(0 if response.status_code == 200 else 1)
+    elif args.command == "worker-error":
+        cause = failure_cause(args.model_log)
+        print(f"Cause, from {args.model_log}:\n{cause}" if cause else f"{args.model_log}: no error logged")
     elif args.command == "wait":
         waited = wait_ready(url, args.key_file, args.timeout, args.log, args.pid_file)
         print(f"model {args.model} answered after {waited:.1f} s")

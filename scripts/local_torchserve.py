@@ -5,7 +5,9 @@ on 127.0.0.1; token auth stays on where TorchServe has it (0.12; 0.11 has none, 
 scripts/torchserve_compat.py); `allowed_urls` admits only the model store; the temp dir is
 private (TorchServe keeps its pid file and its workers' Unix sockets there, so a shared one
 lets `--stop` stop another server and two servers' workers fight over /tmp/.ts.sock.9000);
-the frontend logs with serving/log4j2.xml. Callers stop it in a `finally`.
+the frontend logs with serving/log4j2.xml; /ping is the readiness plugin (serving/plugins, built
+on demand by scripts/build_plugins.py) and INF2_STATE_DIR is `<workdir>/state`. Callers stop it
+in a `finally`.
 """
 
 from __future__ import annotations
@@ -27,11 +29,31 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+if str(REPO) not in sys.path:  # imported as `local_torchserve` from scripts/ (the benchmark)
+    sys.path.insert(0, str(REPO))
+
+from handler.serving_state import ENV_VAR as STATE_DIR_ENV
+from scripts.build_plugins import build as build_plugins
+from scripts.stop_server import StopReport, frontend_process, stop_torchserve, worker_processes
 
 
 def allowed_urls_for(model_store: Path) -> str:
     """`allowed_urls`: only archives in the model store (TorchServe's default admits any http(s) or file URL)."""
     return f"file://{re.escape(str(model_store))}/.*"
+
+
+LOCAL_PROPERTIES = REPO / "serving" / "local.properties"
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """A config.properties file's `key=value` lines (comments and blanks skipped)."""
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if line.strip() and line[0] != "#")
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def local_properties() -> dict[str, str]:
+    """The settings `make serve` runs with (serving/local.properties), for every local server."""
+    return read_properties(LOCAL_PROPERTIES)
 
 
 def free_port() -> int:
@@ -83,11 +105,37 @@ class TorchServe:
     def scrape_metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
 
-    def stop(self) -> None:
-        subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.workdir, env=self._env(), capture_output=True)
-        deadline = time.monotonic() + 20
+    @property
+    def state_dir(self) -> Path | None:
+        """INF2_STATE_DIR of this server (drain.json, failed-<pid>.json), if it has one."""
+        value = self.env.get(STATE_DIR_ENV)
+        return Path(value) if value else None
+
+    @property
+    def pid_file(self) -> Path:
+        return self.workdir / ".model_server.pid"  # TorchServe's, in its temp dir (see _env)
+
+    def frontend_pid(self) -> int | None:
+        frontend = frontend_process(self.pid_file)
+        return None if frontend is None else frontend.pid
+
+    def worker_pids(self) -> list[int]:
+        """The Python worker processes of this server (also those its frontend left behind)."""
+        return [w.pid for w in worker_processes(frontend_process(self.pid_file), self.workdir)]
+
+    def stop(self, drain_grace_s: float | None = None) -> StopReport:
+        """Stop TorchServe, after a drain of `drain_grace_s` seconds when given (needs
+        INF2_STATE_DIR in the server's environment), and kill any worker process it leaves
+        behind: scripts/stop_server.py, what `make stop` runs."""
+        if drain_grace_s and self.state_dir is None:
+            raise ValueError(f"a drain needs {STATE_DIR_ENV} in the server's environment")
+        report = stop_torchserve(
+            self.pid_file, BIN / "torchserve", self._env(), self.workdir, self.state_dir, drain_grace_s
+        )
+        deadline = time.monotonic() + 20  # no pid file (a failed start): wait for the port instead
         while time.monotonic() < deadline and self._running():
             time.sleep(0.3)
+        return report
 
     def _running(self) -> bool:
         try:
@@ -131,11 +179,19 @@ def start_torchserve(
     model_name: str = "llama",
     extra_properties: dict[str, str] | None = None,
     ready_timeout: float = 120,
+    wait: bool = True,
 ) -> TorchServe:
+    """A started torchserve, ready to answer unless `wait` is False (then it returns as soon
+    as `torchserve --start` did). Its state dir (INF2_STATE_DIR, `<workdir>/state` unless
+    `env` names one) starts empty; its /ping is the readiness plugin (serving/plugins)."""
     workdir.mkdir(parents=True, exist_ok=True)
     store = build_archive(workdir, model_dir, model_config, model_name)
-    server = TorchServe(workdir, model_name, free_port(), free_port(), free_port(), dict(env or {}))
+    env = {STATE_DIR_ENV: str(workdir / "state"), **(env or {})}
+    shutil.rmtree(env[STATE_DIR_ENV], ignore_errors=True)
+    Path(env[STATE_DIR_ENV]).mkdir(parents=True)
+    server = TorchServe(workdir, model_name, free_port(), free_port(), free_port(), env)
     properties = {
+        **local_properties(),
         "inference_address": f"http://127.0.0.1:{server.inference_port}",
         "management_address": f"http://127.0.0.1:{server.management_port}",
         "metrics_address": f"http://127.0.0.1:{server.metrics_port}",
@@ -145,6 +201,7 @@ def start_torchserve(
         "model_store": str(store),
         "load_models": model_name,
         "allowed_urls": allowed_urls_for(store),
+        "plugins_path": str(build_plugins().parent),  # the readiness /ping
         **(extra_properties or {}),
     }
     (workdir / "config.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
@@ -159,6 +216,8 @@ def start_torchserve(
             stderr=subprocess.STDOUT,
             check=True,
         )
+    if not wait:
+        return server
     try:
         _wait_ready(server, ready_timeout)
     except BaseException:
@@ -180,6 +239,8 @@ def _wait_ready(server: TorchServe, timeout: float) -> None:
             if response.status_code == 200:
                 return
             last = f"{response.status_code} {response.text[:200]}"
+            if response.status_code == 503 and "model_load_failed" in response.text:
+                break  # the worker failed to initialize (handler/init_failure.py): the body names the cause
         except (httpx.HTTPError, ValueError) as exc:  # ValueError: key_file.json still being written
             last = repr(exc)
         time.sleep(0.5)

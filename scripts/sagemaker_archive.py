@@ -10,6 +10,7 @@ holds everything the PyTorch Neuron DLC needs and nothing it has to fetch:
                            3.10, manylinux x86_64 wheels); the handler entry puts it first on
                            sys.path when it runs on that Python
     sagemaker.properties   the container's TorchServe config (TS_CONFIG_FILE, set by the deploy)
+    plugins/               the readiness /ping (scripts/build_plugins.py; plugins_path in sagemaker.properties)
 
 Nothing is pip-installed when the model loads, so endpoints without internet access (a VPC
 without NAT, network isolation) work too. Building needs PyPI (or a mirror in pip's
@@ -28,9 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scripts.build_plugins import PLUGINS_DIR
+from scripts.build_plugins import build as build_plugins
 from scripts.sagemaker_common import (
     ARCHIVE_REQUIREMENTS,
     DLC_PYTHON_VERSION,
+    PLUGINS_SUBDIR,
     PROPERTIES_NAME,
     REPO,
     SAGEMAKER_MODEL_CONFIG,
@@ -116,15 +120,20 @@ def build(
     build_dir: Path,
     requirements: Path = ARCHIVE_REQUIREMENTS,
     python_version: str = DLC_PYTHON_VERSION,
+    plugins_dir: Path = PLUGINS_DIR,
 ) -> Path:
-    """Stage code, config, deps and properties; archive them; then add the checkpoint (hard links)."""
-    check_sources(model_dir, config)
+    """Check the sources, then stage code, config, deps and properties; archive them; then add
+    the checkpoint (hard links) and the /ping plugin (built into `plugins_dir` if stale)."""
+    check_sources(model_dir, config)  # first: a refused checkpoint builds nothing
+    plugins_jar = build_plugins(plugins_dir)
     stage_dir = build_dir / "stage"
     stage_code(config, stage_dir, EMBEDDED_CHECKPOINT)
     bundle_dependencies(requirements, stage_dir / deps_subdir(python_version), python_version)
     shutil.copy2(SAGEMAKER_PROPERTIES, stage_dir / PROPERTIES_NAME)
     folder = run_archiver(stage_dir, model_name, build_dir / "model_store", build_dir / "tmp")
     copy_checkpoint(model_dir, folder / EMBEDDED_CHECKPOINT)
+    (folder / PLUGINS_SUBDIR).mkdir()
+    shutil.copy2(plugins_jar, folder / PLUGINS_SUBDIR / plugins_jar.name)
     shutil.rmtree(stage_dir)
     return folder
 
@@ -137,8 +146,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--build-dir", type=Path, default=REPO / "build" / "sagemaker", help="stage + model_store/")
     parser.add_argument("--requirements", type=Path, default=ARCHIVE_REQUIREMENTS)
     parser.add_argument("--python-version", default=DLC_PYTHON_VERSION, help="the DLC's Python, for deps/cpXY")
+    parser.add_argument("--plugins-dir", type=Path, default=PLUGINS_DIR, help="where the /ping plugin jar is built")
     args = parser.parse_args(argv)
-    folder = build(args.model_dir, args.config, args.model_name, args.build_dir, args.requirements, args.python_version)
+    folder = build(
+        args.model_dir,
+        args.config,
+        args.model_name,
+        args.build_dir,
+        args.requirements,
+        args.python_version,
+        args.plugins_dir,
+    )
     print(f"sagemaker archive: {folder}")
 
 

@@ -24,6 +24,9 @@ ARCHIVE_REQUIREMENTS = REPO / "requirements-archive.txt"
 # Where SageMaker puts the model data in the container, and what the archive adds to it.
 CONTAINER_MODEL_DIR = "/opt/ml/model"
 PROPERTIES_NAME = "sagemaker.properties"  # the container's TorchServe config (TS_CONFIG_FILE)
+PLUGINS_SUBDIR = "plugins"  # the readiness /ping jar; sagemaker.properties' plugins_path names it
+# The serving state dir (handler/serving_state.py) in the container: /opt/ml/model is read-only.
+CONTAINER_STATE_DIR = "/tmp/inf2-state"
 MODEL_CONFIG_NAME = "model-config.yaml"
 # requirements-archive.txt installed for one Python, in deps/cp<major><minor>/ (deps/cp310 for the
 # DLC): the handler entry puts the folder matching its own interpreter first on sys.path, and
@@ -74,11 +77,13 @@ def container_environment() -> dict[str, str]:
 
     TS_CONFIG_FILE makes both the torchserve launcher and the frontend use that file instead
     of the one the DLC's SageMaker toolkit writes; the toolkit's command line still names the
-    model store and loads /opt/ml/model as the model named `model`.
+    model store and loads /opt/ml/model as the model named `model`. INF2_STATE_DIR is where workers leave the drain and
+    failed-start markers that the readiness /ping reads.
     """
     return {
         "TS_CONFIG_FILE": f"{CONTAINER_MODEL_DIR}/{PROPERTIES_NAME}",
         "HF_HUB_OFFLINE": "1",  # weights come with the model data, never from a hub
+        "INF2_STATE_DIR": CONTAINER_STATE_DIR,
     }
 
 

@@ -12,7 +12,7 @@ def with_mode(config: dict[str, Any], mode: str, n_slots: int = 4) -> dict[str, 
     default) or static (TorchServe batching + micro_batching, micro_batch_size slots)."""
     out = {k: v for k, v in config.items() if k not in ("continuousBatching", "scheduler")}
     if mode == "continuous":
-        out.update(continuousBatching=True, batchSize=2 * n_slots, maxBatchDelay=0)
+        out.update(continuousBatching=True, batchSize=2 * n_slots, maxBatchDelay=1)
         out["scheduler"] = {"mode": "continuous", "n_slots": n_slots}
     elif mode == "static":
         micro = out.setdefault("micro_batching", {"micro_batch_size": n_slots})

@@ -78,6 +78,16 @@ def _read(buf: memoryview, pos: int) -> tuple[bytes, int]:
     return bytes(buf[pos : pos + length]), pos + length
 
 
+def load_failure(handler: Any, context: Context) -> str:
+    """initialize() a handler whose model must fail to load; the cause it serves its 503s with.
+    The handler enters the failed state (handler/init_failure.py) instead of raising."""
+    from handler.init_failure import FailedServing
+
+    handler.initialize(context)
+    assert isinstance(handler.serving, FailedServing), f"the model loaded: {handler.serving!r}"
+    return handler.serving.cause
+
+
 def decode_frame(frame: bytes, n_requests: int) -> list[tuple[str, int, str, dict[str, str], str]]:
     buf = memoryview(frame)
     pos = 4

@@ -74,7 +74,7 @@ from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import ConfigError, ServingConfig
 from handler.neuron import artifacts, options
 from handler.neuron.config import MIN_BUCKET, NeuronxConfig
-from handler.neuron.cores import CorePlacement, detect_cores, place
+from handler.neuron.cores import CorePlacement, detect_cores, format_core_list, operator_cores, place
 from handler.neuron.environment import CacheLocation, configure_compiler, pin_cores
 from handler.sampling import SlotSampler
 
@@ -154,16 +154,19 @@ class NeuronxBackend(Backend):
         self.buckets = context_buckets(self.settings, self.n_positions)
         self.max_prompt_tokens = self.buckets[-1]
 
-        available = self.settings.num_cores or detect_cores()
-        self.placement = place(gpu_id, workers, self.tp_degree, available)
+        given = operator_cores()  # read before pin_cores replaces it in this process
+        cores = given if given is not None else list(range(self.settings.num_cores or detect_cores()))
+        self.placement = place(gpu_id, workers, self.tp_degree, cores)
         pin_cores(self.placement.visible_cores)
         logger.info(
-            "neuronx: NeuronCores %s for this worker (%s; %d worker(s) x tp_degree %d of %d cores)",
+            "neuronx: NeuronCores %s for this worker (%s; %d worker(s) x tp_degree %d within %s)",
             self.placement.visible_cores,
             self.placement.how,
             workers,
             self.tp_degree,
-            available,
+            f"the operator's NEURON_RT_VISIBLE_CORES={format_core_list(given)}"
+            if given is not None
+            else f"the host's {len(cores)} cores",
         )
         try:
             self._start(hf_config)

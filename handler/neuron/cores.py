@@ -1,7 +1,10 @@
 """Which NeuronCores this TorchServe worker may use.
 
-N workers of one model share the instance: worker k takes the contiguous range
-[k * tp_degree, (k + 1) * tp_degree) through NEURON_RT_VISIBLE_CORES. The ordinal k is
+N workers of one model share the cores it may use: worker k takes the k-th run of tp_degree
+of them, [k * tp_degree, (k + 1) * tp_degree) of the list, through NEURON_RT_VISIBLE_CORES.
+The list is every core of the host, or the operator's own NEURON_RT_VISIBLE_CORES when the
+server was started with one ("run this model on cores 2-3", two models on one inf2): the
+workers are partitioned within it, never outside it. The ordinal k is
 TorchServe's `gpu_id` when it hands one out (config.properties `number_of_gpu`; see
 docs/inferentia2.md for the one catch on inf2), else a free slot claimed with
 per-core lock files that the kernel releases when a worker dies, so a restarted worker
@@ -13,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -41,17 +45,64 @@ def detect_cores(dev_dir: Path = Path("/dev"), sys_dir: Path = Path("/sys/class/
     return total
 
 
+VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
+
+
+def parse_core_list(text: str) -> list[int]:
+    """NEURON_RT_VISIBLE_CORES syntax: "3", "2-3", "0-1,4-5" (ranges inclusive)."""
+    cores: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        first, sep, last = part.partition("-")
+        try:
+            low, high = int(first), int(last if sep else first)
+        except ValueError:
+            raise ConfigError(f"{VISIBLE_CORES_ENV}={text!r}: expected core ids such as 2-3 or 0,1,4-5") from None
+        if low < 0 or high < low:
+            raise ConfigError(f"{VISIBLE_CORES_ENV}={text!r}: {part!r} is not a range of core ids")
+        cores.extend(c for c in range(low, high + 1) if c not in cores)
+    return cores
+
+
+def format_core_list(cores: Sequence[int]) -> str:
+    """The shortest NEURON_RT_VISIBLE_CORES value for these cores: "2-3", "0-1,4-5"."""
+    runs: list[list[int]] = []
+    for core in cores:
+        if runs and core == runs[-1][-1] + 1:
+            runs[-1].append(core)
+        else:
+            runs.append([core])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+# The operator's own NEURON_RT_VISIBLE_CORES, kept here by pin_cores (which replaces it with
+# this worker's share) so a second backend in the same process partitions the same cores.
+OPERATOR_CORES_ENV = "INF2_OPERATOR_VISIBLE_CORES"
+
+
+def operator_cores(env: Mapping[str, str] | None = None) -> list[int] | None:
+    """The cores the operator made visible to this server, or None when it set none."""
+    env = os.environ if env is None else env
+    value = env.get(OPERATOR_CORES_ENV, env.get(VISIBLE_CORES_ENV, "")).strip()
+    return parse_core_list(value) if value else None
+
+
 @dataclass
 class CorePlacement:
-    first: int
-    count: int
+    cores: tuple[int, ...]
     how: str
     _locks: list[IO[str]] = field(default_factory=list, repr=False)
 
     @property
+    def first(self) -> int:
+        return self.cores[0]
+
+    @property
+    def count(self) -> int:
+        return len(self.cores)
+
+    @property
     def visible_cores(self) -> str:
-        last = self.first + self.count - 1
-        return str(self.first) if last == self.first else f"{self.first}-{last}"
+        return format_core_list(self.cores)
 
     def release(self) -> None:
         for handle in self._locks:
@@ -88,32 +139,43 @@ def check_fits(workers: int, tp_degree: int, available: int) -> None:
 
 
 def place(
-    gpu_id: int | None, workers: int, tp_degree: int, available: int, lock_dir: Path | None = None
+    gpu_id: int | None,
+    workers: int,
+    tp_degree: int,
+    available: int | Sequence[int],
+    lock_dir: Path | None = None,
 ) -> CorePlacement:
-    """This worker's cores: slot `gpu_id` when TorchServe assigned one, else the first free slot."""
-    check_fits(workers, tp_degree, available)
-    slots = available // tp_degree
+    """This worker's cores: slot `gpu_id` when TorchServe assigned one, else the first free slot.
+
+    `available` is a core count (cores 0..n-1) or the list of core ids this model may use."""
+    cores = list(range(available)) if isinstance(available, int) else list(available)
+    check_fits(workers, tp_degree, len(cores))
+    slots = len(cores) // tp_degree
+
+    def slot_cores(slot: int) -> tuple[int, ...]:
+        return tuple(cores[slot * tp_degree : (slot + 1) * tp_degree])
+
     if gpu_id is not None:
         if not 0 <= gpu_id < slots:
             raise ConfigError(
-                f"backend neuronx: TorchServe gave this worker gpu_id {gpu_id}, but {available} NeuronCores hold only "
-                f"{slots} model copies at tp_degree {tp_degree}; set number_of_gpu in config.properties to {slots} "
-                "or fewer"
+                f"backend neuronx: TorchServe gave this worker gpu_id {gpu_id}, but {len(cores)} NeuronCores hold "
+                f"only {slots} model copies at tp_degree {tp_degree}; set number_of_gpu in config.properties to "
+                f"{slots} or fewer"
             )
-        return CorePlacement(gpu_id * tp_degree, tp_degree, f"gpu_id {gpu_id} from TorchServe")
+        return CorePlacement(slot_cores(gpu_id), f"gpu_id {gpu_id} from TorchServe")
     lock_dir = lock_dir or Path(os.environ.get(LOCK_DIR_ENV, DEFAULT_LOCK_DIR))
     lock_dir.mkdir(parents=True, exist_ok=True)
     for slot in range(slots):
-        handles = _try_lock(lock_dir, range(slot * tp_degree, (slot + 1) * tp_degree))
+        handles = _try_lock(lock_dir, slot_cores(slot))
         if handles is not None:
-            return CorePlacement(slot * tp_degree, tp_degree, f"free slot {slot} (core locks in {lock_dir})", handles)
+            return CorePlacement(slot_cores(slot), f"free slot {slot} (core locks in {lock_dir})", handles)
     raise ConfigError(
         f"backend neuronx: all {slots} slot(s) of {tp_degree} NeuronCores are held by other processes "
         f"(locks in {lock_dir}); stop them or lower maxWorkers"
     )
 
 
-def _try_lock(lock_dir: Path, cores: range) -> list[IO[str]] | None:
+def _try_lock(lock_dir: Path, cores: Sequence[int]) -> list[IO[str]] | None:
     handles: list[IO[str]] = []
     for core in cores:
         handle = open(lock_dir / f"core-{core}.lock", "a+")

@@ -20,6 +20,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from handler.neuron.cores import OPERATOR_CORES_ENV, VISIBLE_CORES_ENV
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_PERSISTENT_CACHE = "/var/tmp/neuron-compile-cache"
@@ -91,6 +93,7 @@ def pin_cores(visible_cores: str, env: MutableMapping[str, str] | None = None) -
     """Restrict this process to its NeuronCores. NEURON_RT_NUM_CORES would let the runtime
     pick any free cores, so it is removed in favour of the explicit range."""
     env = os.environ if env is None else env
+    env.setdefault(OPERATOR_CORES_ENV, env.get(VISIBLE_CORES_ENV, ""))
     if env.pop("NEURON_RT_NUM_CORES", None) is not None:
         logger.info("NEURON_RT_NUM_CORES unset: NEURON_RT_VISIBLE_CORES=%s pins this worker", visible_cores)
-    env["NEURON_RT_VISIBLE_CORES"] = visible_cores
+    env[VISIBLE_CORES_ENV] = visible_cores

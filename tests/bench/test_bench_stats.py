@@ -156,7 +156,7 @@ def test_model_configs_per_mode():
     original = copy.deepcopy(base)
     cont = with_scheduler(base, "continuous", 8, prefill_token_budget=1024, overlap=False)
     assert cont["continuousBatching"] is True
-    assert (cont["batchSize"], cont["maxBatchDelay"]) == (16, 0)
+    assert (cont["batchSize"], cont["maxBatchDelay"]) == (16, 1)
     assert cont["scheduler"] == {"mode": "continuous", "n_slots": 8, "prefill_token_budget": 1024, "overlap": False}
     assert cont["handler"]["sim"]["time_scale"] == 0.5
     static = with_scheduler(cont, "static", 8)  # from any starting point

@@ -1,13 +1,19 @@
 """The real handler, driven as TorchServe's worker drives it, with the tiny model on CPU."""
 
 import json
+import re
 
 import pytest
 
-from handler.config import ConfigError
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from handler.inf2_handler import Inf2StreamingHandler
-from tests.torchserve_harness import assert_streamed_while_generating, generation_ends, make_context, run_batch
+from tests.torchserve_harness import (
+    assert_streamed_while_generating,
+    generation_ends,
+    load_failure,
+    make_context,
+    run_batch,
+)
 
 
 def model_yaml(model_dir, **handler):
@@ -161,9 +167,10 @@ def test_failure_inside_generate_answers_and_worker_keeps_serving(served, monkey
 def test_bad_config_fails_initialize_naming_the_key(tiny_model_dir):
     handler = Inf2StreamingHandler()
     try:
-        with pytest.raises(ConfigError, match=r"handler\.max_new_token: unknown key"):
-            handler.initialize(make_context(model_yaml(tiny_model_dir, max_new_token=5), str(tiny_model_dir)))
-        with pytest.raises(ConfigError, match="model_checkpoint_dir"):
-            handler.initialize(make_context(model_yaml(tiny_model_dir / "missing"), str(tiny_model_dir)))
+        cause = load_failure(handler, make_context(model_yaml(tiny_model_dir, max_new_token=5), str(tiny_model_dir)))
+        assert re.match(r"ConfigError: .*handler\.max_new_token: unknown key", cause), cause
+        handler.shutdown()
+        cause = load_failure(handler, make_context(model_yaml(tiny_model_dir / "missing"), str(tiny_model_dir)))
+        assert re.match(r"ConfigError: .*model_checkpoint_dir", cause), cause
     finally:
         handler.shutdown()

@@ -13,9 +13,10 @@ from tests.bench.conftest import sim_model_yaml
 from tests.modes import MODES, with_mode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-# The bench's server: the properties `make serve` gets too (metrics_mode=prometheus,
+# The bench's server: the properties `make serve` gets too (serving/local.properties: metrics_mode=prometheus,
 # model_metrics_auto_detect=true), free ports, and its own temp directory.
 import bench_server
+from local_torchserve import local_properties
 
 
 def wanted_series(mode: str) -> set[str]:
@@ -28,7 +29,7 @@ def wanted_series(mode: str) -> set[str]:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", MODES)
 def test_prometheus_scrape_finds_token_metrics_after_a_request(mode, tiny_model_dir, tmp_path, request):
-    assert bench_server.METRICS_PROPERTIES["metrics_mode"] == "prometheus"
+    assert local_properties()["metrics_mode"] == "prometheus"
     base = {**sim_model_yaml(tiny_model_dir, time_scale=0.2), "minWorkers": 1, "maxWorkers": 1, "maxBatchDelay": 5}
     config = with_mode(base, mode, n_slots=8)
     server = bench_server.start(tmp_path / "ts", tiny_model_dir, config, timeout=90)  # fails with the log tail

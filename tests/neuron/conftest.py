@@ -26,6 +26,7 @@ NEURON_ENV = (
     "NEURONX_CACHE",
     "FAKE_NEURONXCC_VERSION",
     "INF2_OPERATOR_NEURON_CC_FLAGS",
+    "INF2_OPERATOR_VISIBLE_CORES",
 )
 FAKE_MODULES = ("transformers_neuronx", "neuronxcc")
 

@@ -69,7 +69,41 @@ def test_configure_compiler_respects_a_location_the_operator_chose(caplog):
 def test_pin_cores_replaces_num_cores():
     env = {"NEURON_RT_NUM_CORES": "2"}
     pin_cores("4-7", env)
-    assert env == {"NEURON_RT_VISIBLE_CORES": "4-7"}
+    assert env == {"NEURON_RT_VISIBLE_CORES": "4-7", "INF2_OPERATOR_VISIBLE_CORES": ""}
+    assert cores.operator_cores(env) is None  # our own pin is not the operator's choice
+
+
+def test_pin_cores_keeps_the_operators_cores_for_the_next_placement():
+    env = {"NEURON_RT_VISIBLE_CORES": "2-5"}
+    pin_cores("2-3", env)
+    pin_cores("4-5", env)
+    assert env["NEURON_RT_VISIBLE_CORES"] == "4-5"
+    assert cores.operator_cores(env) == [2, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed", "formatted"),
+    [("3", [3], "3"), ("2-3", [2, 3], "2-3"), ("0-1,4-5", [0, 1, 4, 5], "0-1,4-5"), ("1, 0,2", [1, 0, 2], "1,0,2")],
+)
+def test_visible_core_lists_parse_and_format(text, parsed, formatted):
+    assert cores.parse_core_list(text) == parsed
+    assert cores.format_core_list(parsed) == formatted
+
+
+@pytest.mark.parametrize("text", ["a", "3-1", "-2", "1,,2"])
+def test_a_malformed_visible_core_list_is_a_clear_error(text):
+    with pytest.raises(ConfigError, match="NEURON_RT_VISIBLE_CORES"):
+        cores.parse_core_list(text)
+
+
+def test_workers_are_partitioned_within_the_operators_cores(tmp_path):
+    given = cores.parse_core_list("2-3,6-7")
+    by_gpu_id = [cores.place(k, 2, 2, given).visible_cores for k in range(2)]
+    assert by_gpu_id == ["2-3", "6-7"]
+    locked = [cores.place(None, 2, 2, given, lock_dir=tmp_path) for _ in range(2)]
+    assert [p.visible_cores for p in locked] == ["2-3", "6-7"]
+    with pytest.raises(ConfigError, match="need 6 NeuronCores but 4 are available"):
+        cores.place(None, 3, 2, given, lock_dir=tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -160,6 +160,20 @@ def test_two_workers_get_disjoint_core_ranges_from_gpu_id(fake_neuronx, checkpoi
     assert [c["mode"] for c in calls(fake_neuronx, "to_neuron")] == ["compile", "load"]
 
 
+def test_the_operators_visible_cores_are_partitioned_not_replaced(
+    fake_neuronx, checkpoint, start_backend, monkeypatch, caplog
+):
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "2-3")  # "run this model on cores 2-3"
+    model_yaml = neuronx_yaml(checkpoint, tp_degree=2, neuronx={"num_cores": 24, "warmup": False})
+    with caplog.at_level(logging.INFO):
+        backend = start_backend(model_yaml, gpu_id=0)
+    assert backend.placement.visible_cores == "2-3"
+    assert [c["visible_cores"] for c in calls(fake_neuronx, "to_neuron")] == ["2-3"]
+    assert "within the operator's NEURON_RT_VISIBLE_CORES=2-3" in caplog.text
+    with pytest.raises(ConfigError, match="2 are available"):  # two workers do not fit in two cores
+        start_backend(with_mode(neuronx_yaml(checkpoint, workers=2, tp_degree=2), "static", 2), gpu_id=1)
+
+
 def test_without_gpu_id_workers_claim_free_slots(fake_neuronx, checkpoint, start_backend):
     model_yaml = with_mode(
         neuronx_yaml(checkpoint, workers=2, tp_degree=2, neuronx={"num_cores": 4, "warmup": False}), "static", 2

@@ -49,7 +49,7 @@ E2E_MODEL_CONFIG = {
     "maxWorkers": 1,
     "continuousBatching": True,
     "batchSize": 8,
-    "maxBatchDelay": 0,
+    "maxBatchDelay": 1,
     "responseTimeout": 60,
     "handler": {
         "model_checkpoint_dir": "model",

@@ -4,6 +4,7 @@ starts it, with the environment scripts/sagemaker_deploy.py sets."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +13,14 @@ from typing import Any
 
 import httpx
 
-from scripts.sagemaker_common import PROPERTIES_NAME, SAGEMAKER_PROPERTIES, container_environment
+from scripts.build_plugins import build as build_plugins
+from scripts.sagemaker_common import (
+    CONTAINER_MODEL_DIR,
+    PLUGINS_SUBDIR,
+    PROPERTIES_NAME,
+    SAGEMAKER_PROPERTIES,
+    container_environment,
+)
 from tests.torchserve_process import TorchServe, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +32,7 @@ CONTAINER_MODEL_CONFIG: dict[str, Any] = {
     "maxWorkers": 1,
     "continuousBatching": True,
     "batchSize": 4,
-    "maxBatchDelay": 0,
+    "maxBatchDelay": 1,
     "responseTimeout": 1200,
     "startupTimeout": 1200,
     "handler": {
@@ -50,9 +58,13 @@ TOOLKIT_PROPERTIES = {
 READY_TIMEOUT_S = 180
 
 
-def container_properties(server: TorchServe) -> str:
-    """serving/sagemaker.properties with the test's free ports in place of 8080-8082 (and gRPC's)."""
+def container_properties(server: TorchServe, model_folder: Path) -> str:
+    """serving/sagemaker.properties with the test's free ports in place of 8080-8082 (and gRPC's),
+    and plugins_path in the model folder that stands for /opt/ml/model."""
     text = SAGEMAKER_PROPERTIES.read_text()
+    in_container = re.escape(f"{CONTAINER_MODEL_DIR}/{PLUGINS_SUBDIR}")
+    here = f"plugins_path={model_folder / PLUGINS_SUBDIR}"
+    text = re.sub(rf"^plugins_path={in_container}$", here, text, flags=re.MULTILINE)
     for key, port in (
         ("inference_address", server.inference_port),
         ("management_address", server.management_port),
@@ -97,9 +109,20 @@ def start_container(workdir: Path, model_folder: Path) -> TorchServe:
     """torchserve started as the DLC's toolkit starts it on a model folder (as /opt/ml/model),
     with the environment the deploy sets."""
     server = TorchServe(workdir, SAGEMAKER_MODEL_NAME, free_port(), free_port(), free_port())
-    (workdir / PROPERTIES_NAME).write_text(container_properties(server))
+    (workdir / PROPERTIES_NAME).write_text(container_properties(server, model_folder))
     (workdir / "toolkit.properties").write_text(toolkit_properties())
-    server.env = {**container_environment(), "TS_CONFIG_FILE": str(workdir / PROPERTIES_NAME)}
+    plugins = model_folder / PLUGINS_SUBDIR  # as `make sagemaker-archive` lays it out
+    if not plugins.exists():
+        plugins.mkdir()
+        shutil.copy2(build_plugins(), plugins)
+    # the container's own state dir (/tmp/inf2-state) would be shared by every test run on this host
+    state = workdir / "state"
+    state.mkdir(exist_ok=True)
+    server.env = {
+        **container_environment(),
+        "TS_CONFIG_FILE": str(workdir / PROPERTIES_NAME),
+        "INF2_STATE_DIR": str(state),
+    }
     empty_store = workdir / "ts-models"  # the toolkit's --model-store (/.sagemaker/ts/models)
     empty_store.mkdir()
     command = [str(BIN / "torchserve"), "--start", "--ts-config", str(workdir / "toolkit.properties")]

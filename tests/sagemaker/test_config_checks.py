@@ -119,4 +119,5 @@ def test_the_container_properties():
     assert props["allowed_urls"] == "file:///opt/ml/model/.*"
     assert props["install_py_dep_per_model"] == "false"  # the deps are bundled in the archive
     assert props["decode_input_request"] == "false"
+    assert props["plugins_path"] == "/opt/ml/model/plugins"  # the readiness /ping, in the archive
     assert int(props["default_response_timeout"]) >= LOAD_SAFE_TIMEOUT_S  # TorchServe 0.11 loads under it

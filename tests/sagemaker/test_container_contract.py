@@ -34,6 +34,8 @@ def test_ping_needs_no_token(container):
     response = httpx.get(f"{container.url}/ping", timeout=10)
     assert response.status_code == 200
     assert response.json()["status"] == "Healthy"
+    # answered by the readiness plugin from the model folder's plugins/ (serving/plugins)
+    assert "Loading plugin for endpoint ping" in container.log_text("ts_log.log")
 
 
 @pytest.mark.parametrize(("query", "content_type"), [("", "text/plain"), ("?model_name=model", "application/json")])

@@ -192,7 +192,11 @@ def test_deploy_sends_the_seed_knobs(aws, recorder):
     }
     assert "ModelDataUrl" not in container  # uncompressed data goes through ModelDataSource only
     # torchserve reads the archive's sagemaker.properties instead of the toolkit's file
-    assert container["Environment"] == {"TS_CONFIG_FILE": "/opt/ml/model/sagemaker.properties", "HF_HUB_OFFLINE": "1"}
+    assert container["Environment"] == {
+        "TS_CONFIG_FILE": "/opt/ml/model/sagemaker.properties",
+        "HF_HUB_OFFLINE": "1",
+        "INF2_STATE_DIR": "/tmp/inf2-state",  # writable: /opt/ml/model is read-only
+    }
 
     (config,) = recorder.params("CreateEndpointConfig")
     assert config["EndpointConfigName"] == "llama-inf2-test"

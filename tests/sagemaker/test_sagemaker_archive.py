@@ -126,6 +126,12 @@ def test_the_archive_carries_the_container_properties(built):
     assert (built.folder / "sagemaker.properties").read_text() == SAGEMAKER_PROPERTIES.read_text()
 
 
+def test_the_archive_carries_the_readiness_plugin(built):
+    (jar,) = (built.folder / "plugins").iterdir()  # plugins_path=/opt/ml/model/plugins
+    assert jar.name == "inf2-serving-plugins.jar"
+    assert jar.read_bytes() == (built.build / "plugins" / jar.name).read_bytes()  # what `make plugins` built
+
+
 def test_the_upload_checks_pass_on_it(built):
     found = check_model_folder(built.folder)
     assert (found.errors, found.warnings) == ([], [])

@@ -81,3 +81,47 @@ def test_checkpoint_path_relative_to_archive_or_absolute(tmp_path):
     assert relative.checkpoint_path(tmp_path) == tmp_path / "model"
     absolute = ServingConfig.from_model_yaml(minimal(model_checkpoint_dir="/models/llama")).handler
     assert absolute.checkpoint_path(tmp_path) == Path("/models/llama")
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static"])
+@pytest.mark.parametrize("delay", [0, -5, 2.5])
+def test_a_max_batch_delay_torchserve_would_turn_into_100_ms_is_refused(mode, delay):
+    raw = {**(minimal() if mode == "continuous" else static()), "maxBatchDelay": delay}
+    with pytest.raises(ConfigError, match=r"maxBatchDelay.*100 ms"):
+        ServingConfig.from_model_yaml(raw)
+
+
+def test_no_max_batch_delay_in_continuous_mode_is_a_warning(caplog):
+    with caplog.at_level("WARNING"):
+        ServingConfig.from_model_yaml(minimal())
+    assert "maxBatchDelay: 1" in caplog.text
+    caplog.clear()
+    ServingConfig.from_model_yaml({**minimal(), "maxBatchDelay": 1})
+    ServingConfig.from_model_yaml(static())  # static: TorchServe's 100 ms window is a batch window
+    assert "maxBatchDelay" not in caplog.text
+
+
+def test_every_shipped_config_bounds_its_frontend_queue_from_its_slots():
+    for path in [REPO / "model-config.yaml", *sorted((REPO / "configs").glob("*.yaml"))]:
+        config = ServingConfig.from_model_yaml(yaml.safe_load(path.read_text()))
+        n_slots = config.scheduler.n_slots
+        assert config.job_queue_size is not None, f"{path.name}: set jobQueueSize (TorchServe's default is 100)"
+        assert 2 * n_slots <= config.job_queue_size <= 4 * n_slots, path
+
+
+@pytest.mark.parametrize("size", [0, -1, "16", True, 1.5])
+def test_a_job_queue_size_torchserve_would_ignore_is_refused(size):
+    with pytest.raises(ConfigError, match=r"jobQueueSize must be a positive integer.*job_queue_size"):
+        ServingConfig.from_model_yaml({**minimal(), "jobQueueSize": size})
+
+
+def test_a_missing_or_oversized_job_queue_is_a_warning(caplog):
+    with caplog.at_level("WARNING", logger="handler.config"):
+        ServingConfig.from_model_yaml(minimal())
+    assert "sets no jobQueueSize" in caplog.text and "jobQueueSize: 16" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="handler.config"):
+        assert ServingConfig.from_model_yaml({**minimal(), "jobQueueSize": 16}).job_queue_size == 16
+        assert "jobQueueSize" not in caplog.text
+        ServingConfig.from_model_yaml({**minimal(), "jobQueueSize": 1000})
+    assert "jobQueueSize 1000 is above 32 x scheduler.n_slots (4)" in caplog.text

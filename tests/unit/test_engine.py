@@ -620,6 +620,29 @@ def test_stop_returns_on_an_idle_engine(tiny_tokenizer):
     assert engine._thread is not None and not engine._thread.is_alive()
 
 
+def test_on_idle_fires_once_each_time_the_engine_empties(tiny_tokenizer):
+    """The handler re-reports its slot gauges through this hook: a client that leaves while
+    nothing else is in flight gets no further frontend call to report them."""
+    backend = ScriptedBackend(tiny_tokenizer, n_slots=2)
+    engine = engine_for(backend)
+    fired: list[tuple[int, int]] = []
+    engine.on_idle = lambda: fired.append((engine.occupied, engine.waiting))
+    for p in ("stays", "leaves", "waits"):
+        engine.submit(make_seq(tiny_tokenizer, p))
+    engine.step()
+    engine.abort("leaves")
+    run_until_idle(engine, Log(), ["stays", "leaves", "waits"])
+    assert fired == [(0, 0)]
+    engine.step()  # an idle step: no second report
+    assert fired == [(0, 0)]
+    engine.submit(make_seq(tiny_tokenizer, "alone", max_new_tokens=1000, ignore_eos=True))
+    engine.step()
+    assert fired == [(0, 0)]
+    engine.abort("alone")
+    engine.step()  # applies the abort: idle again
+    assert fired == [(0, 0), (0, 0)]
+
+
 # -- MicroBatchEngine --------------------------------------------------------------------
 def run_micro(backend, sequences, on_finished=None) -> dict[str, str]:
     sent: dict[str, str] = {s.request_id: "" for s in sequences}

@@ -1,0 +1,154 @@
+"""`kill -9` of the Python worker during streams, through a real torchserve (continuous
+engine, sim backend).
+
+What TorchServe's frontend does (WorkerThread.run's finally, 0.11 and 0.12): every request
+of the step in flight gets `sendError("Worker died.")`. A request whose stream is open
+(status 200 and chunks on the wire) cannot take a new status: Netty refuses to encode a
+second response on it and the connection is closed, so the client gets a broken chunked
+stream (no terminating chunk: httpx raises). One with nothing sent yet gets a plain JSON
+error, status 507 (TorchServe reads the exit status 137 of a SIGKILL as out of memory).
+Requests still in the frontend's queue (beyond batchSize) wait for the restarted worker.
+
+So: every in-flight request ends within 5 s with an error its client sees, never a clean end
+without a finish_reason; the queued ones are served by the restarted worker; /ping and the
+next request recover; no worker process is left once the harness stops the server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.faults import N_SLOTS, InBackground, Outcome, alive, openai_url, start_sim_server
+from tests.torchserve_process import TorchServe
+
+pytestmark = pytest.mark.e2e
+
+LONG = 3000  # tokens: about 30 s at the sim's pace
+ENDED_WITHIN_S = 5.0  # the issue's bound for every in-flight request
+
+
+@pytest.fixture
+def sim_server(tiny_model_dir: Path, tmp_path: Path) -> Iterator[TorchServe]:
+    # batchSize = the slots: requests beyond them wait in the frontend's queue, not in the worker.
+    server = start_sim_server(tmp_path / "ts", tiny_model_dir, "continuous", batchSize=N_SLOTS)
+    try:
+        yield server
+    finally:
+        workers = server.worker_pids()
+        server.stop()
+        assert not [pid for pid in workers if alive(pid)], "a worker process outlived the harness's stop"
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_of_the_worker_mid_stream(sim_server: TorchServe):
+    server = sim_server
+    native, headers, body = server.predictions_url, server.headers, {"ignore_eos": True}
+    streams = {
+        f"native {i}": InBackground(native, {**body, "prompt": f"stream {i}", "max_new_tokens": LONG}, headers)
+        for i in range(3)
+    }
+    for i in range(2):
+        streams[f"openai {i}"] = InBackground(
+            openai_url(server),
+            {**body, "model": "llama", "prompt": f"sse {i}", "max_tokens": LONG, "stream": True},
+            headers,
+        )
+    for name, stream in streams.items():
+        assert stream.wait_first(60), f"{name}: no first chunk"
+    # Fill the worker's batch with requests that have sent nothing yet, then queue two more.
+    waiting = {
+        f"whole {i}": InBackground(
+            native, {**body, "prompt": f"whole {i}", "max_new_tokens": LONG, "stream": False}, headers
+        )
+        for i in range(N_SLOTS - len(streams))
+    }
+    time.sleep(2.0)  # the frontend hands them to the worker at its next step
+    queued = {
+        f"queued {i}": InBackground(native, {**body, "prompt": f"queued {i}", "max_new_tokens": 20}, headers)
+        for i in range(2)
+    }
+    time.sleep(1.0)
+    for name, stream in streams.items():
+        assert stream.outcome.ended_at == 0.0, f"{name} ended before the kill"
+    (worker,) = server.worker_pids()
+
+    killed_at = time.perf_counter()
+    os.kill(worker, signal.SIGKILL)
+    in_flight = {name: r.join() for name, r in {**streams, **waiting}.items()}
+    served_again = _first_200(server, killed_at)
+    ping_again = _ping_200(server, killed_at)
+    served_queued = {name: r.join() for name, r in queued.items()}
+
+    _print_timeline(killed_at, in_flight, served_queued, served_again, ping_again)
+    for name, outcome in in_flight.items():
+        assert outcome.ending in ("error", "broken", "error_status"), f"{name} ended {outcome.ending}: {outcome}"
+        assert outcome.ended_at - killed_at <= ENDED_WITHIN_S, (
+            f"{name} ended {outcome.ended_at - killed_at:.1f} s later"
+        )
+    for name in streams:
+        assert in_flight[name].status == 200 and in_flight[name].body, f"{name} had no stream open"
+    for name in waiting:
+        assert in_flight[name].status >= 500, f"{name}: {in_flight[name]}"
+    for name, outcome in served_queued.items():
+        assert (outcome.status, outcome.ending) == (200, "finish"), f"{name} was not served: {outcome}"
+    assert server.worker_pids() and worker not in server.worker_pids()
+    assert not alive(worker)
+
+
+def _first_200(server: TorchServe, since: float) -> float:
+    """Seconds from `since` until a new request is answered 200."""
+    body = {"prompt": "are you back?", "max_new_tokens": 4, "stream": False}
+    for _ in range(600):
+        try:
+            if httpx.post(server.predictions_url, json=body, headers=server.headers, timeout=60).status_code == 200:
+                return time.perf_counter() - since
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("no request was served after the crash")
+
+
+def _ping_200(server: TorchServe, since: float) -> float:
+    for _ in range(600):
+        if httpx.get(f"{server.url}/ping", headers=server.headers, timeout=10).status_code == 200:
+            return time.perf_counter() - since
+        time.sleep(0.1)
+    raise AssertionError("/ping never said 200 again")
+
+
+def _print_timeline(
+    killed_at: float, in_flight: dict[str, Outcome], queued: dict[str, Outcome], served: float, ping: float
+) -> None:
+    print("\n[kill -9 of the worker]")
+    for name, outcome in {**in_flight, **queued}.items():
+        detail = outcome.broken or f"status {outcome.status}"
+        print(f"  {name}: {outcome.ending} ({detail}) {outcome.ended_at - killed_at:.2f} s after the kill")
+    print(f"  next request served {served:.2f} s after the kill; /ping 200 after {ping:.2f} s")
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_frontend_leaves_no_worker_behind(sim_server: TorchServe):
+    """TorchServe's workers can outlive a frontend killed with SIGKILL; the harness's stop (the
+    code `make stop` runs) finds them by their socket in the server's temp dir and kills them
+    (the fixture checks that none is left)."""
+    server = sim_server
+    stream = InBackground(
+        server.predictions_url, {"prompt": "orphan", "max_new_tokens": LONG, "ignore_eos": True}, server.headers
+    )
+    assert stream.wait_first(60)
+    workers, frontend = server.worker_pids(), server.frontend_pid()
+    assert workers and frontend
+    os.kill(frontend, signal.SIGKILL)
+    outcome = stream.join()
+    assert outcome.ending == "broken", outcome
+    left = [pid for pid in workers if alive(pid)]
+    report = server.stop()
+    print(f"\n[kill -9 of the frontend] workers alive after it: {left}; the stop killed {report.workers_killed}")
+    assert not [pid for pid in workers if alive(pid)]
