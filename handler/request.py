@@ -32,6 +32,12 @@ class GenerationRequest:
     add_special_tokens: bool = True
     # None: no logprobs; 0: the chosen token's; n: also the n most likely alternatives.
     logprobs: int | None = None
+    # The prompt's own logprobs too (OpenAI `echo`, TGI `decoder_input_details`), each token's
+    # with `logprobs` alternatives (0 when `logprobs` is None).
+    prompt_logprobs: bool = False
+    # A prompt given as token ids (OpenAI completions' list-of-ints prompt): used as is, never
+    # re-tokenized and no special tokens added; `prompt` then holds its decoded text.
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

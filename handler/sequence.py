@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from handler.backends.base import SlotRequest, TokenChoice
+from handler.backends.base import PromptTokenLogprob, SlotRequest, TokenChoice
 from handler.detokenizer import IncrementalDetokenizer
 from handler.errors import ServingError
 from handler.request import GenerationRequest
@@ -47,6 +47,7 @@ class Sequence:
     completion_tokens: int = 0
     text: list[str] = field(default_factory=list)
     choices: list[TokenChoice] = field(default_factory=list)  # kept when the request asked for logprobs
+    prompt_logprobs: tuple[PromptTokenLogprob, ...] = ()  # from the prefill, when the request asked (echo)
     admitted_at: float | None = None  # given a slot (continuous) or its micro-batch started (static)
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -58,7 +59,14 @@ class Sequence:
     def slot_request(self, slot: int) -> SlotRequest:
         """What the backend needs to prefill this sequence into `slot`."""
         request = self.request
-        return SlotRequest(slot, tuple(self.prompt_ids), request.sampling, request.ignore_eos, request.logprobs)
+        return SlotRequest(
+            slot,
+            tuple(self.prompt_ids),
+            request.sampling,
+            request.ignore_eos,
+            request.logprobs,
+            request.prompt_logprobs,
+        )
 
     @property
     def finished(self) -> bool:
@@ -66,6 +74,8 @@ class Sequence:
 
     def take(self, choice: TokenChoice) -> str:
         """Take one step's token from the backend; return the text that may be sent now."""
+        if choice.prompt:
+            self.prompt_logprobs = choice.prompt
         if self.request.logprobs is not None:
             self.choices.append(choice)
         return self.append(choice.token_id)
