@@ -46,6 +46,7 @@ class Sequence:
     error: ServingError | None = None
     completion_tokens: int = 0
     text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # every generated token, EOS included
     choices: list[TokenChoice] = field(default_factory=list)  # kept when the request asked for logprobs
     prompt_logprobs: tuple[PromptTokenLogprob, ...] = ()  # from the prefill, when the request asked (echo)
     admitted_at: float | None = None  # given a slot (continuous) or its micro-batch started (static)
@@ -86,6 +87,7 @@ class Sequence:
         self.first_token_at = self.first_token_at or now
         self.last_token_at = now
         self.completion_tokens += 1
+        self.token_ids.append(token_id)
         if token_id in self.eos_token_ids and not self.request.ignore_eos:
             return self._finish(FinishReason.EOS)
         delta = self._stops.feed(self._detokenizer.add(token_id))
