@@ -19,8 +19,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from ts.context import Context, RequestProcessor
 from ts.protocol.otf_message_handler import create_predict_response
+
+from handler.ts_compat import TORCHSERVE_VERSION
+
+# The continuous protocol's two dialects, for tests that drive both with ContinuousFrontend.
+# Replies are encoded by the installed TorchServe's own create_predict_response, and 0.11's
+# turns a None stopping criterion into "continue": the 0.12 dialect needs 0.12 installed.
+PROTOCOL_VERSIONS = [
+    pytest.param((0, 11), id="0.11"),
+    pytest.param(
+        (0, 12),
+        id="0.12",
+        marks=pytest.mark.skipif(
+            TORCHSERVE_VERSION < (0, 12), reason="0.11's frame encoder cannot speak the 0.12 dialect; runs on 0.12"
+        ),
+    ),
+]
 
 
 class RecordingSocket:
@@ -205,8 +222,6 @@ class ContinuousFrontend:
     A request the handler leaves out of its reply stays in flight."""
 
     def __init__(self, handler: Any, context: Context, batch_size: int = 8, version: tuple[int, int] | None = None):
-        from handler.ts_compat import TORCHSERVE_VERSION
-
         self.handler = handler
         self.context = context
         self.batch_size = batch_size

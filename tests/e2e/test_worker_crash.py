@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from scripts.soak import gauges
 from tests.e2e.faults import N_SLOTS, InBackground, Outcome, alive, openai_url, start_sim_server
 from tests.torchserve_process import TorchServe
 
@@ -69,7 +70,7 @@ def test_kill_9_of_the_worker_mid_stream(sim_server: TorchServe):
         )
         for i in range(N_SLOTS - len(streams))
     }
-    time.sleep(2.0)  # the frontend hands them to the worker at its next step
+    _wait_until_the_worker_holds(server, N_SLOTS)  # the frontend hands them over at its next step
     queued = {
         f"queued {i}": InBackground(native, {**body, "prompt": f"queued {i}", "max_new_tokens": 20}, headers)
         for i in range(2)
@@ -100,6 +101,19 @@ def test_kill_9_of_the_worker_mid_stream(sim_server: TorchServe):
         assert (outcome.status, outcome.ending) == (200, "finish"), f"{name} was not served: {outcome}"
     assert server.worker_pids() and worker not in server.worker_pids()
     assert not alive(worker)
+
+
+def _wait_until_the_worker_holds(server: TorchServe, requests: int, timeout_s: float = 60.0) -> None:
+    """Until the handler's gauges (Prometheus) count `requests` in the worker, decoding or waiting
+    for a slot: only then is every one of them in the step the kill interrupts."""
+    deadline = time.monotonic() + timeout_s
+    held = 0.0
+    while time.monotonic() < deadline:
+        held = sum(gauges(server.scrape_metrics()).values())
+        if held >= requests:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the worker holds {held:.0f} requests, not {requests}")
 
 
 def _first_200(server: TorchServe, since: float) -> float:

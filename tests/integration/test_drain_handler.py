@@ -14,7 +14,7 @@ import handler.continuous as continuous
 from handler import drain
 from handler.inf2_handler import Inf2StreamingHandler
 from handler.serving_state import DRAIN_FILE, ENV_VAR, drained_marker, write_drain
-from tests.torchserve_harness import ContinuousFrontend, make_context, run_batch
+from tests.torchserve_harness import PROTOCOL_VERSIONS, ContinuousFrontend, make_context, run_batch
 
 N_SLOTS = 2
 LONG = {"prompt": "Once upon a time", "max_new_tokens": 100, "ignore_eos": True}
@@ -42,7 +42,7 @@ def serve(model_dir: Path, mode: str, state_dir: Path, monkeypatch) -> tuple[Inf
     return handler, context
 
 
-@pytest.mark.parametrize("version", [(0, 12), (0, 11)], ids=["0.12", "0.11"])
+@pytest.mark.parametrize("version", PROTOCOL_VERSIONS)
 def test_continuous_drain(tiny_model_dir, tmp_path, monkeypatch, version):
     monkeypatch.setattr(continuous, "ONE_SHOT_REPLIES", version >= (0, 12))
     handler, context = serve(tiny_model_dir, "continuous", tmp_path, monkeypatch)

@@ -16,7 +16,7 @@ import handler.init_failure as init_failure
 from handler.inf2_handler import Inf2StreamingHandler
 from handler.serving_state import ENV_VAR as STATE_DIR_ENV
 from handler.serving_state import failed_marker
-from tests.torchserve_harness import ContinuousFrontend, make_context, run_batch
+from tests.torchserve_harness import PROTOCOL_VERSIONS, ContinuousFrontend, make_context, run_batch
 
 BAD_VALUE = 'eight "hundred"'  # a string where the loader wants an integer
 
@@ -53,7 +53,7 @@ def assert_names_the_cause(body: str) -> None:
     assert BAD_VALUE in error["message"]
 
 
-@pytest.mark.parametrize("version", [(0, 11), (0, 12)])
+@pytest.mark.parametrize("version", PROTOCOL_VERSIONS)
 def test_continuous_every_request_gets_one_plain_503(tiny_model_dir, state_dir, monkeypatch, version):
     monkeypatch.setattr(init_failure, "ONE_SHOT_REPLIES", version >= (0, 12))
     handler, context = failed_handler(tiny_model_dir, continuous=True)
