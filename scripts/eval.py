@@ -78,8 +78,8 @@ def scores(results: dict[str, Any]) -> list[tuple[str, str, float, float | None,
     for task, metrics in sorted(results["results"].items()):
         n = results.get("n-samples", {}).get(task, {}).get("effective")
         for key, value in sorted(metrics.items()):
-            if not isinstance(value, (int, float)) or "_stderr" in key:
-                continue
+            if not isinstance(value, (int, float)) or "," not in key or "_stderr" in key:
+                continue  # "acc,none" is a metric (with its filter); "sample_len" is not
             metric = key.split(",")[0]
             stderr = metrics.get(key.replace(f"{metric},", f"{metric}_stderr,"))
             rows.append((task, metric, float(value), stderr if isinstance(stderr, (int, float)) else None, n))
