@@ -23,6 +23,7 @@ from handler.request import GenerationRequest, Limits, SamplingParams
 logger = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 4
+MAX_LOGPROBS = 20
 
 
 class GenerationParameters(BaseModel):
@@ -40,6 +41,11 @@ class GenerationParameters(BaseModel):
     seed: StrictInt | None = Field(default=None, ge=0, lt=2**63)
     stream: StrictBool | None = None
     ignore_eos: StrictBool | None = None
+    # logprobs: the chosen token's logprob and this many alternatives per generated token;
+    # prompt_logprobs (or its alias echo): each prompt token's too.
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: StrictBool | None = None
+    echo: StrictBool | None = None
 
 
 class NativeRequest(GenerationParameters):
@@ -121,6 +127,9 @@ def _build(prompt: str, params: GenerationParameters, stream: bool | None, limit
         stop=stop_strings(params.stop),
         stream=True if stream is None else stream,
         ignore_eos=bool(params.ignore_eos),
+        logprobs=params.logprobs,
+        prompt_logprobs=bool(params.prompt_logprobs or params.echo),
+        prompt_logprobs_param="prompt_logprobs" if params.prompt_logprobs else "echo",
     )
 
 

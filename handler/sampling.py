@@ -17,7 +17,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from handler.backends.base import SlotRequest, TokenChoice
+from handler.backends.base import PromptTokenLogprob, SlotRequest, TokenChoice
 
 
 class SuppressTokens(LogitsProcessor):
@@ -76,11 +76,29 @@ class SlotSampler:
         if self.logprobs is None:
             return TokenChoice(token)
         logprobs = torch.log_softmax(scores, dim=-1)[0]
-        top: tuple[tuple[int, float], ...] = ()
-        if self.logprobs > 0:
-            values, ids = torch.topk(logprobs, self.logprobs)
-            top = tuple((int(i), float(v)) for i, v in zip(ids, values, strict=False))
-        return TokenChoice(token, float(logprobs[token]), top)
+        return TokenChoice(token, float(logprobs[token]), _top(logprobs, self.logprobs))
+
+
+def _top(logprobs: torch.Tensor, n: int) -> tuple[tuple[int, float], ...]:
+    """The n most likely (token id, logprob) of one position's [vocab] logprobs. The values are
+    the same float32 numbers the chosen token's logprob is read from, so a client comparing
+    them (lm-eval's is_greedy) compares equal floats."""
+    if n <= 0:
+        return ()
+    values, ids = torch.topk(logprobs, min(n, logprobs.shape[-1]))
+    return tuple((int(i), float(v)) for i, v in zip(ids, values, strict=False))
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt_ids: tuple[int, ...], n_top: int) -> tuple[PromptTokenLogprob, ...]:
+    """Each prompt token's logprob under the model's own log-softmax (no sampling processor
+    applies to a prompt): `logits` [T or more, vocab] are a prefill's per-position logits,
+    row i predicting token i + 1. The first token has nothing before it: None."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    out = [PromptTokenLogprob(prompt_ids[0], None)]
+    for position, token in enumerate(prompt_ids[1:]):
+        row = logprobs[position]
+        out.append(PromptTokenLogprob(token, float(row[token]), _top(row, n_top)))
+    return tuple(out)
 
 
 # Processors other than the repetition penalty ignore input_ids; a 1x0 tensor keeps them happy.

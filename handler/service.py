@@ -7,6 +7,7 @@ are served, and no exception escapes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -84,8 +85,16 @@ class GenerationService:
             if work.reply is not None:
                 return work
             request = work.api.parse(body_of(row) if body is None else body, self.limits, self.backend.tokenizer)
-            with self.tokenizer_lock:  # a rendered chat template already holds its special tokens
-                prompt_ids = self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+            self._check_logprobs(request)
+            if request.prompt_token_ids is not None:
+                prompt_ids = self._checked_token_ids(request.prompt_token_ids)
+                if not request.prompt:  # the text an echo repeats, and what logs and stop strings see
+                    with self.tokenizer_lock:
+                        text = self.backend.tokenizer.decode(prompt_ids, skip_special_tokens=True)
+                    request = dataclasses.replace(request, prompt=text)
+            else:
+                with self.tokenizer_lock:  # a rendered chat template already holds its special tokens
+                    prompt_ids = self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
             self._check_length(request, len(prompt_ids))
             work.sequence = Sequence(
                 request, prompt_ids, self.backend.tokenizer, self.backend.eos_token_ids, work.request_id
@@ -96,6 +105,29 @@ class GenerationService:
             logger.exception("preprocessing request %s failed", work.request_id)
             work.error = EngineError(f"preprocessing failed: {exc}")
         return work
+
+    def _check_logprobs(self, request: GenerationRequest) -> None:
+        """The one place a backend's logprob capability is checked (sim has no logits; neuronx has the
+        prompt's only with output_all_logits)."""
+        wants, wants_prompt = request.logprobs is not None, request.prompt_logprobs
+        if not (wants or wants_prompt):
+            return
+        refusal = self.backend.logprobs_refusal(wants, wants_prompt)
+        if refusal is not None:
+            param = request.prompt_logprobs_param if wants_prompt else request.logprobs_param
+            raise InvalidRequest(f"'{param}' cannot be served: {refusal}", param)
+
+    def _checked_token_ids(self, token_ids: tuple[int, ...]) -> list[int]:
+        """A prompt given as token ids, used as is: no re-tokenizing, no special tokens added."""
+        if not token_ids:
+            raise InvalidRequest("the prompt has no token ids", "prompt")
+        vocab = self.backend.vocab_size or len(self.backend.tokenizer)
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(
+                f"prompt token ids {bad[:5]} are outside the model's vocabulary (0..{vocab - 1})", "prompt"
+            )
+        return list(token_ids)
 
     def _check_length(self, request: GenerationRequest, prompt_tokens: int) -> None:
         n_positions = self.backend.n_positions

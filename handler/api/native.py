@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from handler.api.base import Api
+from handler.api.logprobs import native_token, take_tokens, text_sent
 from handler.errors import ServingError, to_http
 from handler.protocol import parse_request
 from handler.request import GenerationRequest, Limits
@@ -28,6 +29,20 @@ def usage(sequence: Sequence) -> dict[str, int]:
     return {"prompt_tokens": len(sequence.prompt_ids), "completion_tokens": sequence.completion_tokens}
 
 
+def _add_logprobs(body: dict[str, Any], sequence: Sequence, sent: int | None) -> None:
+    """`prompt_tokens` (once, with the first line) and `tokens` (those whose text this line
+    completes; the last line has the rest, EOS included), when the request asked for them."""
+    request = sequence.request
+    if request.logprobs is None and not request.prompt_logprobs:
+        return
+    tokens = take_tokens(sequence, text_sent=sent, with_prompt=request.prompt_logprobs)
+    prompt = [native_token(t) for t in tokens if t.prompt]
+    if prompt:
+        body["prompt_tokens"] = prompt
+    if request.logprobs is not None:
+        body["tokens"] = [native_token(t) for t in tokens if not t.prompt]
+
+
 class NativeApi(Api):
     name = "native"
 
@@ -38,12 +53,16 @@ class NativeApi(Api):
         return NDJSON if request.stream else JSON
 
     def chunk(self, sequence: Sequence, delta: str) -> str:
-        return _line({"text": delta})
+        body: dict[str, Any] = {"text": delta}
+        _add_logprobs(body, sequence, text_sent(sequence, delta))
+        return _line(body)
 
     def final(self, sequence: Sequence) -> str:
         streaming = sequence.request.stream
         text = "" if streaming else sequence.full_text
-        body = {"text": text, "finish_reason": sequence.finish_reason.value, "usage": usage(sequence)}
+        body: dict[str, Any] = {"text": text}
+        _add_logprobs(body, sequence, None)
+        body.update(finish_reason=sequence.finish_reason.value, usage=usage(sequence))
         return _line(body) if streaming else json.dumps(body, ensure_ascii=False)
 
     def error(self, error: ServingError, midstream: bool) -> str:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from handler.api.base import Api
 from handler.api.chat_template import render_chat
+from handler.api.logprobs import RenderedToken, as_bytes, take_tokens, text_sent
 from handler.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from handler.errors import InvalidRequest, NotFound, ServingError, to_http
 from handler.protocol import checked_max_new_tokens, decode_body, stop_strings
@@ -120,9 +121,10 @@ class _OpenAIGeneration(Api):
             raise InvalidRequest(f"only n=1 is supported, got n={req.n}", "n")
         self.model = req.model or self.model
         self.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-        prompt, add_special_tokens = self._prompt(req, tokenizer)
-        if not prompt.strip():
+        prompt, add_special_tokens, token_ids = self._prompt(req, tokenizer)
+        if token_ids is None and not prompt.strip():
             raise InvalidRequest("the prompt is empty", self.prompt_param)
+        logprobs, prompt_logprobs = self._logprobs(req)
         return GenerationRequest(
             prompt=prompt,
             max_new_tokens=_max_tokens(req, limits),
@@ -131,11 +133,21 @@ class _OpenAIGeneration(Api):
             stream=bool(req.stream),
             ignore_eos=bool(req.ignore_eos),
             add_special_tokens=add_special_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            prompt_token_ids=token_ids,
+            logprobs_param="logprobs",
+            prompt_logprobs_param="echo",
         )
 
     @abstractmethod
-    def _prompt(self, req: Any, tokenizer: Any) -> tuple[str, bool]:
-        """The prompt text, and whether tokenizing it should add the special tokens."""
+    def _prompt(self, req: Any, tokenizer: Any) -> tuple[str, bool, tuple[int, ...] | None]:
+        """The prompt text, whether tokenizing it should add the special tokens, and the prompt's
+        token ids when the client sent ids (the service decodes them into the text)."""
+
+    @abstractmethod
+    def _logprobs(self, req: Any) -> tuple[int | None, bool]:
+        """The request's `logprobs` (None: none) and whether it wants the prompt's too."""
 
     def content_type(self, request: GenerationRequest) -> str:
         return SSE if request.stream else JSON
@@ -157,23 +169,24 @@ class _OpenAIGeneration(Api):
         return sse(body)
 
     @abstractmethod
-    def _stream_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]: ...
+    def _stream_choice(self, sequence: Sequence, text: str, finish_reason: str | None) -> dict[str, Any]: ...
 
     @abstractmethod
-    def _whole_choice(self, text: str, finish_reason: str) -> dict[str, Any]: ...
+    def _whole_choice(self, sequence: Sequence, text: str, finish_reason: str) -> dict[str, Any]: ...
 
     def chunk(self, sequence: Sequence, delta: str) -> str:
-        event = self._event(sequence, self._stream_choice(delta, None))
+        event = self._event(sequence, self._stream_choice(sequence, delta, None))
         self.started = True
         return event
 
     def final(self, sequence: Sequence) -> str:
         reason = _FINISH_REASONS[sequence.finish_reason]
         if not sequence.request.stream:
-            body = self._envelope(sequence, self.object_name, [self._whole_choice(sequence.full_text, reason)])
+            choice = self._whole_choice(sequence, sequence.full_text, reason)
+            body = self._envelope(sequence, self.object_name, [choice])
             body["usage"] = usage(sequence)
             return _json(body)
-        out = self._event(sequence, self._stream_choice("", reason))
+        out = self._event(sequence, self._stream_choice(sequence, "", reason))
         self.started = True
         if self.include_usage:
             body = self._envelope(sequence, self.chunk_object_name, [])
@@ -194,22 +207,50 @@ class CompletionsApi(_OpenAIGeneration):
     chunk_object_name = "text_completion"
     prompt_param = "prompt"
 
-    def _prompt(self, req: CompletionRequest, tokenizer: Any) -> tuple[str, bool]:
-        if req.echo:
-            raise InvalidRequest("echo is not supported", "echo")
-        if isinstance(req.prompt, list):
-            if len(req.prompt) != 1:
+    def __init__(self, model_name: str) -> None:
+        super().__init__(model_name)
+        self.echo = False
+
+    def _prompt(self, req: CompletionRequest, tokenizer: Any) -> tuple[str, bool, tuple[int, ...] | None]:
+        self.echo = bool(req.echo)
+        prompt: Any = req.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
                 raise InvalidRequest(
-                    f"prompt must be a string or a list of one string, got {len(req.prompt)} items", "prompt"
+                    f"only one prompt per request is supported, got {len(prompt)}; send them as separate requests",
+                    "prompt",
                 )
-            return req.prompt[0], True
-        return req.prompt, True
+            prompt = prompt[0]
+        if isinstance(prompt, list):  # token ids
+            if not prompt:
+                raise InvalidRequest("the prompt has no token ids", "prompt")
+            return "", False, tuple(prompt)
+        return prompt, True, None
 
-    def _stream_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def _logprobs(self, req: CompletionRequest) -> tuple[int | None, bool]:
+        return req.logprobs, bool(req.echo) and req.logprobs is not None
 
-    def _whole_choice(self, text: str, finish_reason: str) -> dict[str, Any]:
-        return self._stream_choice(text, finish_reason)
+    def _text(self, sequence: Sequence, text: str, first: bool) -> str:
+        """The choice's text: with echo, the first piece starts with the prompt."""
+        return sequence.request.prompt + text if self.echo and first else text
+
+    def _legacy_logprobs(self, sequence: Sequence, sent: int | None) -> dict[str, Any] | None:
+        if sequence.request.logprobs is None:
+            return None
+        echo_offset = len(sequence.request.prompt) if self.echo else 0
+        tokens = take_tokens(sequence, text_sent=sent, with_prompt=self.echo, echo_offset=echo_offset)
+        return legacy_logprobs(tokens)
+
+    def _stream_choice(self, sequence: Sequence, text: str, finish_reason: str | None) -> dict[str, Any]:
+        text = self._text(sequence, text, not self.started)
+        sent = text_sent(sequence, text)
+        logprobs = self._legacy_logprobs(sequence, None if finish_reason is not None else sent)
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def _whole_choice(self, sequence: Sequence, text: str, finish_reason: str) -> dict[str, Any]:
+        text = self._text(sequence, text, True)
+        logprobs = self._legacy_logprobs(sequence, None)
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class ChatCompletionsApi(_OpenAIGeneration):
@@ -220,18 +261,36 @@ class ChatCompletionsApi(_OpenAIGeneration):
     chunk_object_name = "chat.completion.chunk"
     prompt_param = "messages"
 
-    def _prompt(self, req: ChatCompletionRequest, tokenizer: Any) -> tuple[str, bool]:
-        return render_chat(tokenizer, req.template_messages()), False
+    def _prompt(self, req: ChatCompletionRequest, tokenizer: Any) -> tuple[str, bool, tuple[int, ...] | None]:
+        return render_chat(tokenizer, req.template_messages()), False, None
 
-    def _stream_choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def _logprobs(self, req: ChatCompletionRequest) -> tuple[int | None, bool]:
+        if req.top_logprobs is not None and not req.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        return (req.top_logprobs or 0) if req.logprobs else None, False
+
+    def _chat_logprobs(self, sequence: Sequence, sent: int | None) -> dict[str, Any] | None:
+        if sequence.request.logprobs is None:
+            return None
+        tokens = take_tokens(sequence, text_sent=sent, with_prompt=False, include_chosen=False)
+        ends_at_eos = not sequence.request.ignore_eos
+        content = [
+            chat_token(t) for t in tokens if not (ends_at_eos and t.token_id in sequence.eos_token_ids)
+        ]  # the message holds no end-of-sequence token, so its logprobs do not either
+        return {"content": content}
+
+    def _stream_choice(self, sequence: Sequence, text: str, finish_reason: str | None) -> dict[str, Any]:
         delta: dict[str, Any] = {} if self.started else {"role": "assistant"}
         if text or not self.started or finish_reason is None:
             delta["content"] = text
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        sent = text_sent(sequence, text)
+        logprobs = self._chat_logprobs(sequence, None if finish_reason is not None else sent)
+        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def _whole_choice(self, text: str, finish_reason: str) -> dict[str, Any]:
+    def _whole_choice(self, sequence: Sequence, text: str, finish_reason: str) -> dict[str, Any]:
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        logprobs = self._chat_logprobs(sequence, None)
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class ModelsApi(Api):
@@ -267,6 +326,32 @@ class ModelsApi(Api):
 
     def error(self, error: ServingError, midstream: bool) -> str:
         return _json(error_body(error))
+
+
+def legacy_logprobs(tokens: list[RenderedToken]) -> dict[str, Any]:
+    """OpenAI's completions logprobs object. Each top_logprobs dict holds the chosen token too
+    (as vLLM does), so its logprob appears in both places as the same float."""
+    top: list[dict[str, float] | None] = []
+    for token in tokens:
+        if token.top is None:
+            top.append(None)
+            continue
+        alternatives: dict[str, float] = {}
+        for alt in token.top:
+            alternatives.setdefault(alt.text, alt.logprob)
+        top.append(alternatives)
+    return {
+        "tokens": [t.text for t in tokens],
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": top,
+        "text_offset": [t.offset for t in tokens],
+    }
+
+
+def chat_token(token: RenderedToken) -> dict[str, Any]:
+    """One entry of chat's `logprobs.content`."""
+    top = [{"token": a.text, "logprob": a.logprob, "bytes": as_bytes(a.text)} for a in token.top or ()]
+    return {"token": token.text, "logprob": token.logprob, "bytes": as_bytes(token.text), "top_logprobs": top}
 
 
 def _max_tokens(req: Any, limits: Limits) -> int:

@@ -37,10 +37,13 @@ class _Common(_Lenient):
 
 
 class CompletionRequest(_Common):
-    """`POST /v1/completions`: a prompt is a string or a list holding one string."""
+    """`POST /v1/completions`: a prompt is a string, token ids, or a list holding one of either
+    (more than one prompt per request is refused by the route)."""
 
-    prompt: StrictStr | list[StrictStr]
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     echo: StrictBool | None = None
+    # OpenAI's legacy logprobs: the chosen token's and up to 5 alternatives per position.
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
 
 
 class TextPart(_Lenient):
@@ -64,6 +67,8 @@ class ChatCompletionRequest(_Common):
     """`POST /v1/chat/completions`."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """Messages as chat templates expect them: text content only."""

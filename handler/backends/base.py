@@ -84,6 +84,13 @@ class Backend(ABC):
     n_slots: int
     # The longest prompt one prefill takes (neuronx: the largest context bucket); None: n_positions bounds it.
     max_prompt_tokens: int | None = None
+    # Token ids the model accepts are 0..vocab_size-1 (None: the tokenizer's length).
+    vocab_size: int | None = None
+
+    def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
+        """Why this backend cannot return the logprobs a request asks for, or None when it can.
+        The service asks once, in `prepare`, and answers 400 naming the request's field."""
+        return None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]

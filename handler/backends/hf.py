@@ -19,6 +19,7 @@ request's tokens are those it gets alone.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from handler.backends.base import Backend, SlotRequest, TokenChoice, clamp_n_pos
 from handler.backends.kv_cache import AppendCache, ForwardKwargs, LayerKV, layers_of, stack, truncate, unpad_row
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import HandlerConfig
-from handler.sampling import SlotSampler
+from handler.sampling import SlotSampler, prompt_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -182,10 +183,13 @@ class HFBackend(Backend):
             input_ids=torch.tensor([request.prompt_ids], dtype=torch.long),
             attention_mask=torch.ones((1, n), dtype=torch.long),
             position_ids=torch.arange(n, dtype=torch.long).unsqueeze(0),
-            **self._forward_kwargs(cache),
+            **self._forward_kwargs(cache, last_only=not request.prompt_logprobs),
         )
         sampler = SlotSampler(request, self.eos_token_ids)
         choice = sampler.pick(out.logits[0, -1])
+        if request.prompt_logprobs:
+            prompt = prompt_logprobs(out.logits[0], request.prompt_ids, request.logprobs or 0)
+            choice = dataclasses.replace(choice, prompt=prompt)
         self._slots[request.slot] = _Slot(sampler, n, choice.token_id, layers_of(cache))
         return choice
 

@@ -53,6 +53,7 @@ the token it chose last and that token's position (cache id).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import importlib
@@ -76,7 +77,7 @@ from handler.neuron import artifacts, options
 from handler.neuron.config import MIN_BUCKET, NeuronxConfig
 from handler.neuron.cores import CorePlacement, detect_cores, format_core_list, operator_cores, place
 from handler.neuron.environment import CacheLocation, configure_compiler, pin_cores
-from handler.sampling import SlotSampler
+from handler.sampling import SlotSampler, prompt_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,8 @@ class NeuronxBackend(Backend):
         self.tokenizer = load_tokenizer(checkpoint, handler.trust_remote_code)
         hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
         self.eos_token_ids = eos_token_ids(hf_config, self.tokenizer)
+        self.vocab_size = getattr(hf_config, "vocab_size", None)
+        self.output_all_logits = self.settings.output_all_logits
         self.n_positions = clamp_n_positions(
             handler.n_positions, getattr(hf_config, "max_position_embeddings", None), "model"
         )
@@ -214,6 +217,8 @@ class NeuronxBackend(Backend):
         chosen: dict[str, Any] = {**self.settings.neuron_config, "continuous_batching": continuous_batching}
         if self.settings.group_query_attention:
             chosen["group_query_attention"] = self.tnx.GQA(self.settings.group_query_attention)
+        if self.output_all_logits:
+            chosen["output_all_logits"] = True
         if self.settings.quantize_weights:
             chosen["quant"] = self.tnx.QuantizationConfig(
                 quant_dtype=self.settings.quantize_weights, dequant_dtype=self.amp
@@ -238,6 +243,8 @@ class NeuronxBackend(Backend):
             "neuron_config": {
                 "group_query_attention": self.settings.group_query_attention,
                 "quantize_weights": self.settings.quantize_weights,
+                # recorded only when on, so artifacts compiled before the switch existed still match
+                **({"output_all_logits": True} if self.output_all_logits else {}),
                 **dict(sorted(self.settings.neuron_config.items())),
             },
             "compiler_flags": " ".join(f for f in flags if not f.startswith("--cache_dir")),
@@ -353,13 +360,26 @@ class NeuronxBackend(Backend):
         )
 
     # -- serving: the step contract ------------------------------------------------------
+    def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
+        if prompt_logprobs and not self.output_all_logits:
+            return (
+                "prompt logprobs need the logits of every prompt position, which this model was not compiled to "
+                "return: set handler.neuronx.output_all_logits: true (a recompile) to serve them"
+            )
+        return None
+
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         self._check_prefill(requests)
         choices = []
         for request in requests:
             logits = self._encode(request.slot, request.prompt_ids)
             sampler = SlotSampler(request, self.eos_token_ids)
-            choice = sampler.pick(logits)
+            choice = sampler.pick(logits[-1])
+            if request.prompt_logprobs:
+                if logits.shape[0] < len(request.prompt_ids) - 1:
+                    raise RuntimeError("neuronx: prompt logprobs need handler.neuronx.output_all_logits: true")
+                prompt = prompt_logprobs(logits, request.prompt_ids, request.logprobs or 0)
+                choice = dataclasses.replace(choice, prompt=prompt)
             self._live[request.slot] = _Slot(sampler, choice.token_id, len(request.prompt_ids))
             choices.append(choice)
         return choices
@@ -385,6 +405,10 @@ class NeuronxBackend(Backend):
             torch.tensor([[state.position] for state in states], dtype=torch.long),  # the SDK needs input_ids' dtype
             torch.tensor(slots, dtype=torch.long),
         )
+        if self.output_all_logits:
+            # With output_all_logits the SDK's _postprocess returns a decode's logits as the kernel made them:
+            # one row per sequence line (all max_num_seqs of them), in line order, not in input order.
+            logits = logits[torch.tensor(slots, dtype=torch.long)]
         choices = []
         for state, row in zip(states, logits, strict=True):
             choice = state.sampler.pick(row)
@@ -411,15 +435,20 @@ class NeuronxBackend(Backend):
                 )
 
     def _encode(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
-        """The context encoding of one prompt into the slot's KV line; the logits of its last token.
-        A 1-token prompt goes as [token, PAD_ID] with cache ids [0, 0] (module docstring)."""
+        """The context encoding of one prompt into the slot's KV line: logits [positions, vocab] whose last
+        row is the prompt's last token's. Without output_all_logits the SDK returns only that row ([1, vocab]);
+        with it, `[1, T, vocab]`, one row per position up to the largest cache id (base.py `context`, the
+        vocabulary possibly padded for tp_degree). A 1-token prompt goes as [token, PAD_ID] with cache ids
+        [0, 0] (module docstring), so its last row is position 0."""
         if len(prompt) == 1:
             input_ids = torch.tensor([[prompt[0], PAD_ID]], dtype=torch.long)
             cache_ids = torch.zeros((1, 2), dtype=torch.long)
         else:
             input_ids = torch.tensor([list(prompt)], dtype=torch.long)
             cache_ids = torch.arange(len(prompt), dtype=torch.long)[None, :]
-        return self._forward(input_ids, cache_ids, torch.tensor([slot], dtype=torch.long))[0]
+        logits = self._forward(input_ids, cache_ids, torch.tensor([slot], dtype=torch.long))
+        rows = logits[0] if logits.dim() == 3 else logits  # [T, vocab_padded] or [1, vocab]
+        return rows[: len(prompt), : self.vocab_size] if self.vocab_size else rows[: len(prompt)]
 
     def _forward(self, input_ids: torch.Tensor, cache_ids: torch.Tensor, start_ids: torch.Tensor) -> torch.Tensor:
         if self.model is None:

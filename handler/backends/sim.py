@@ -188,6 +188,13 @@ class SimBackend(Backend):
             config.sim.time_scale,
         )
 
+    def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
+        """The simulated model has no logits: its tokens are drawn from the vocabulary, so any
+        logprob would be made up. Refused rather than invented."""
+        if logprobs or prompt_logprobs:
+            return "the sim backend has no logits (it simulates timing, not a model), so it returns no logprobs"
+        return None
+
     def warmup(self) -> None:
         """Let the clock learn how late `time.sleep` wakes before the first request."""
         clock = self.model.clock

@@ -45,6 +45,7 @@ _BSH = (
 _NEEDS_LOGITS = "this backend samples each slot on the host (handler/sampling.py), which needs [n, vocab] logits"
 _OUTPUT_SHAPE = f"it changes what the model's forward() returns; {_NEEDS_LOGITS}"
 _ON_DEVICE = f"it samples on the device, so forward() returns token ids; {_NEEDS_LOGITS}"
+_ALL_LOGITS = "set handler.neuronx.output_all_logits instead (the backend then reads the prefill's per-position logits)"
 _EAGLE = f"it is EAGLE speculation, whose forward() also returns hidden states; {_NEEDS_LOGITS}"
 
 
@@ -72,7 +73,7 @@ REFUSED_NEURON_CONFIG: dict[str, tuple[Callable[[Option], bool], str]] = {
     "lhs_aligned": (_any, _PADDING),
     "use_2d_cache_ids": (_any, _PADDING),
     "cache_layout": (_bsh, _BSH),
-    "output_all_logits": (_truthy, _OUTPUT_SHAPE),
+    "output_all_logits": (_any, _ALL_LOGITS),
     "log_softmax_scores": (_truthy, _OUTPUT_SHAPE),
     "on_device_generation": (_truthy, _ON_DEVICE),
     "is_eagle_target": (_truthy, _EAGLE),
@@ -148,6 +149,14 @@ class NeuronxConfig(BaseModel):
             "false: the worker only loads artifacts that match its configuration and never compiles or writes "
             "under the checkpoint or cache_dir (no lock file, no compile cache); a mismatch fails the start, "
             "saying what differs. For read-only model directories with artifacts from `make compile`"
+        ),
+    )
+    output_all_logits: bool = Field(
+        default=False,
+        description=(
+            "NeuronConfig(output_all_logits=True): a prefill returns the logits of every prompt position, which "
+            "prompt logprobs (OpenAI echo with logprobs, native prompt_logprobs) need; off, such a request is answered "
+            "400. Changing it recompiles (it is in the artifact manifest)"
         ),
     )
     warmup: bool = True

@@ -25,6 +25,7 @@ DERIVED_OPTIONS = {
     "group_query_attention": "handler.neuronx.group_query_attention",
     "quant": "handler.neuronx.quantize_weights",
     "continuous_batching": "scheduler.n_slots",
+    "output_all_logits": "handler.neuronx.output_all_logits",
 }
 # from_pretrained keywords -> model-config.yaml keys
 MODEL_SETTINGS = {

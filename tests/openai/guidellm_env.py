@@ -3,21 +3,11 @@ dependency tree (datasets, sanic, pyarrow) the serving venv does not need."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-VENV = REPO / ".venv" / "guidellm"
-REQUIREMENTS = REPO / "requirements-guidellm.txt"
-MARKER = VENV / ".installed"
+from tests.tool_venv import tool_bin
 
 
 def guidellm_bin() -> Path:
     """The guidellm executable, installing its venv first if `make guidellm` has not."""
-    if not MARKER.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-        subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
-        MARKER.touch()
-    return VENV / "bin" / "guidellm"
+    return tool_bin("guidellm", "requirements-guidellm.txt", "guidellm")

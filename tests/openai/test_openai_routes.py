@@ -122,7 +122,8 @@ def test_chat_non_streaming_uses_the_tokenizers_own_template(call, served, tiny_
     [
         (COMPLETIONS, {"prompt": "x", "n": 2}, "n"),
         (COMPLETIONS, {"prompt": ["a", "b"]}, "prompt"),
-        (COMPLETIONS, {"prompt": [1, 2, 3]}, "prompt"),
+        (COMPLETIONS, {"prompt": [1, 2, 10**6]}, "prompt"),  # a token id outside the vocabulary
+        (COMPLETIONS, {"prompt": [[1, 2], [3]]}, "prompt"),
         (COMPLETIONS, {"max_tokens": 3}, "prompt"),
         (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, "max_tokens"),
         (COMPLETIONS, {"prompt": "x", "temperature": 3}, "temperature"),

@@ -37,3 +37,11 @@ def test_ci_compat_venv_runs_the_neuron_stacks_torch_and_transformers():
     for package in ("torch", "transformers", "tokenizers"):
         assert compat[package] == neuron[package], package
     assert compat["torchserve"] == "==0.11.0"  # what every SageMaker Neuron DLC runs
+
+
+def test_the_eval_venv_tokenizes_as_the_server_does():
+    """lm-eval sends token ids from its own tokenizer: the same transformers and tokenizers as the
+    serving venv, so its ids are the ones the server would make."""
+    evaluation, serving = requirements("requirements-eval.txt"), requirements("requirements.txt")
+    for package in ("transformers", "tokenizers"):
+        assert evaluation[package] == serving[package], package

@@ -302,7 +302,7 @@ class NeuronModelBase(torch.nn.Module):
                 for position, token in zip(padded_cache_ids[row].tolist(), padded.tolist(), strict=True):
                     self._lines[line, position] = token
             self._steps[line] = 0
-            logits.append(self._context_logits(padded, int(last_token_ids[row])))
+            logits.append(self._context_logits(padded, int(last_token_ids[row]), self.neuron_config.output_all_logits))
         _calllog.record(
             "forward",
             kind="context",
@@ -344,14 +344,20 @@ class NeuronModelBase(torch.nn.Module):
             cache_ids=cache_ids.reshape(-1).tolist(),
             padded_lines=[line for line in range(batch) if line not in given],
         )
+        if self.neuron_config.output_all_logits:
+            # base.py `_postprocess` returns early when output_all_logits is set and logits.shape[1] > 1, which a
+            # decode's [batch, vocab] always has: every line's logits, in line order, not gathered by start_ids.
+            return torch.stack([self._logits(line, int(full_cache_ids[line, 0])) for line in range(batch)])
         return torch.stack([self._logits(line, int(full_cache_ids[line, 0])) for line in given])
 
-    def _context_logits(self, padded: torch.Tensor, last: int) -> torch.Tensor:
+    def _context_logits(self, padded: torch.Tensor, last: int, all_positions: bool = False) -> torch.Tensor:
         """The logits at position `last` of a context encoding: computed from the row itself (the
-        kernel attends the row's own keys under a causal mask), whatever the cache line ends up holding."""
+        kernel attends the row's own keys under a causal mask), whatever the cache line ends up holding.
+        With NeuronConfig(output_all_logits=True), those of positions 0..last ([last + 1, vocab]): base.py
+        `context` keeps `logits[:, :last_token_id + 1, :]` and `_forward` permutes them to [batch, T, vocab]."""
         with torch.inference_mode():
             out = self._hf_model(input_ids=padded[None, : last + 1], position_ids=torch.arange(last + 1)[None]).logits
-        return out[0, -1, :].float()
+        return out[0].float() if all_positions else out[0, -1, :].float()
 
     def _logits(self, line: int, last: int) -> torch.Tensor:
         """The next-token logits at position `last` of one line: the model run over the tokens its
