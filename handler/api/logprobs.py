@@ -113,10 +113,6 @@ class _Renderer:
         return self.tokens[start : self.sent]
 
 
-def wants_logprobs(sequence: Sequence) -> bool:
-    return sequence.request.logprobs is not None or sequence.request.prompt_logprobs
-
-
 def take_tokens(
     sequence: Sequence,
     *,

@@ -54,7 +54,13 @@ def test_loglikelihood_request_as_lm_eval_sends_it(client, server, tokenizer, re
 
 
 def test_streamed_echo_logprobs_equal_the_whole_answer(client, server):
-    kwargs = {"model": server.model_name, "prompt": "Today the weather is", "max_tokens": 10, "logprobs": 3}
+    kwargs = {
+        "model": server.model_name,
+        "prompt": "Today the weather is",
+        "max_tokens": 80,
+        "logprobs": 3,
+        "extra_body": {"ignore_eos": True},
+    }
     whole = client.completions.create(echo=True, temperature=0, **kwargs)
     chunks = list(client.completions.create(echo=True, temperature=0, stream=True, **kwargs))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
