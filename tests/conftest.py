@@ -30,6 +30,22 @@ def tiny_tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
 
 
+@pytest.fixture(scope="session")
+def model_log_softmax(tiny_model_dir: Path):
+    """The tiny model's own log-softmax over a token sequence ([positions, vocab]), by a plain
+    transformers forward: what served logprobs are checked against."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True).float().eval()
+
+    def logprobs(ids: list[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            return torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
+
+    return logprobs
+
+
 @pytest.fixture(autouse=True)
 def _restore_torch_threads() -> Iterator[None]:
     """torch's intra-op thread count is process-wide: a backend built in-process with

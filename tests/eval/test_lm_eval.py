@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from scripts.eval import latest_results
 from scripts.eval_compare import load_samples
@@ -61,18 +59,19 @@ def run_eval(server: TorchServe, tiny_model_dir: Path, out: Path) -> subprocess.
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
-def model_loglikelihood(model, tokenizer, context: str, continuation: str) -> float:
+def loglikelihood(model_log_softmax, tokenizer, context: str, continuation: str) -> float:
     """log P(continuation | context) from the model itself, tokenized as lm-eval does: the
     whole string and the context without special tokens, the continuation as the difference."""
     whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
     context_ids = tokenizer(context, add_special_tokens=False)["input_ids"]
-    with torch.inference_mode():
-        logprobs = torch.log_softmax(model(torch.tensor([whole])).logits[0].float(), dim=-1)
+    logprobs = model_log_softmax(whole)
     return sum(float(logprobs[i - 1, whole[i]]) for i in range(len(context_ids), len(whole)))
 
 
 @pytest.mark.timeout(900)  # installs lm-eval's venv first when `make lm-eval` has not (a few minutes)
-def test_lm_eval_scores_both_tasks_from_the_models_own_loglikelihoods(server, tiny_model_dir: Path, tmp_path: Path):
+def test_lm_eval_scores_both_tasks_from_the_models_own_loglikelihoods(
+    server, tiny_model_dir: Path, tiny_tokenizer, model_log_softmax, tmp_path: Path
+):
     out = tmp_path / "eval"
     done = run_eval(server, tiny_model_dir, out)
     print(done.stdout[-2500:])
@@ -85,12 +84,10 @@ def test_lm_eval_scores_both_tasks_from_the_models_own_loglikelihoods(server, ti
     samples = load_samples(out)
     assert sorted(samples) == ["inf2_choice", "inf2_generate"]
     assert len(samples["inf2_choice"]) == LIMIT and len(samples["inf2_generate"]) == LIMIT
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).float().eval()
     for sample in samples["inf2_choice"].values():
         arguments = [(a["arg_0"], a["arg_1"]) for a in sample["arguments"].values()]
         served = [float(ll) for ll, _greedy in sample["filtered_resps"]]
-        own = [model_loglikelihood(model, tokenizer, context, continuation) for context, continuation in arguments]
+        own = [loglikelihood(model_log_softmax, tiny_tokenizer, context, cont) for context, cont in arguments]
         assert served == pytest.approx(own, abs=1e-3), sample["doc"]
     for sample in samples["inf2_generate"].values():
         assert isinstance(sample["filtered_resps"][0], str)

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from handler.inf2_handler import Inf2StreamingHandler
 from tests.bench.conftest import sim_model_yaml
@@ -63,19 +62,6 @@ def served(request, tiny_model_dir):
     handler.shutdown()
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir):
-    """The model's own log-softmax over a token sequence, by a plain transformers forward."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True, torch_dtype=torch.float32)
-    model.eval()
-
-    def logprobs(ids: list[int]) -> torch.Tensor:
-        with torch.inference_mode():
-            return torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
-
-    return logprobs
-
-
 def sse_events(body: str) -> list[dict[str, Any]]:
     events = [line[len("data: ") :] for line in body.split("\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -96,7 +82,7 @@ def merged_legacy(events: list[dict[str, Any]]) -> tuple[str, dict[str, list]]:
 # -- values against the model's own log-softmax ----------------------------------------------
 
 
-def test_echo_logprobs_match_the_models_log_softmax(served, tiny_tokenizer, reference):
+def test_echo_logprobs_match_the_models_log_softmax(served, tiny_tokenizer, model_log_softmax):
     ids = tiny_tokenizer(PROMPT)["input_ids"]
     body = {"model": "m", "prompt": [ids], "max_tokens": 6, "logprobs": 3, "echo": True, "temperature": 0}
     status, text = served.one(body, COMPLETIONS)
@@ -109,22 +95,22 @@ def test_echo_logprobs_match_the_models_log_softmax(served, tiny_tokenizer, refe
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     assert len(generated) == n_gen
 
-    # the generated ids, re-derived greedily from the reference and checked token by token
+    # the generated ids, re-derived greedily from the model's log-softmax and checked token by token
     all_ids = list(ids)
-    full = reference(all_ids)
+    full = model_log_softmax(all_ids)
     for j in range(n_gen):
-        ref_row = reference(all_ids)[-1]
+        ref_row = model_log_softmax(all_ids)[-1]
         token = int(ref_row.argmax())
         assert lp["token_logprobs"][len(ids) + j] == pytest.approx(float(ref_row[token]), abs=TOL)
         top = lp["top_logprobs"][len(ids) + j]
         assert max(top.values()) == lp["token_logprobs"][len(ids) + j]  # greedy: the same float is the top
         all_ids.append(token)
-    full = reference(all_ids)
+    full = model_log_softmax(all_ids)
     for i in range(1, len(ids)):
         expected = float(full[i - 1, ids[i]])
         assert lp["token_logprobs"][i] == pytest.approx(expected, abs=TOL)
         # keyed by text, tokens that decode alike (partial UTF-8 bytes) share one entry: check the best
-        # alternative, and that every value is one of the reference's top 3 or the prompt token's own
+        # alternative, and that every value is one of the model's top 3 or the prompt token's own
         ref_top = torch.topk(full[i - 1], 3).values.tolist()
         values = lp["top_logprobs"][i].values()
         assert max(values) == pytest.approx(ref_top[0], abs=TOL)
@@ -132,7 +118,7 @@ def test_echo_logprobs_match_the_models_log_softmax(served, tiny_tokenizer, refe
     assert choice["text"].startswith(tiny_tokenizer.decode(ids, skip_special_tokens=True))
 
 
-def test_lm_eval_loglikelihood_request_shape(served, tiny_tokenizer, reference):
+def test_lm_eval_loglikelihood_request_shape(served, tiny_tokenizer, model_log_softmax):
     """What lm-eval's local-completions sends for loglikelihood: it needs len(prompt) + 1 entries
     and sums token_logprobs[ctxlen:-1]."""
     ids = tiny_tokenizer("The cat sat on the mat")["input_ids"]
@@ -141,7 +127,7 @@ def test_lm_eval_loglikelihood_request_shape(served, tiny_tokenizer, reference):
     assert status == 200, text
     lp = json.loads(text)["choices"][0]["logprobs"]
     assert len(lp["token_logprobs"]) == len(ids) + 1
-    full = reference(ids)
+    full = model_log_softmax(ids)
     ctxlen = 2
     got = sum(lp["token_logprobs"][ctxlen : len(ids)])
     expected = sum(float(full[i - 1, ids[i]]) for i in range(ctxlen, len(ids)))
@@ -203,7 +189,7 @@ def test_chat_logprobs_streamed_and_not(served):
     assert streamed_content == content
 
 
-def test_native_logprobs_and_prompt_logprobs(served, tiny_tokenizer, reference):
+def test_native_logprobs_and_prompt_logprobs(served, tiny_tokenizer, model_log_softmax):
     ids = tiny_tokenizer(PROMPT)["input_ids"]
     body = {"prompt": PROMPT, "max_new_tokens": 4, "logprobs": 2, "prompt_logprobs": True, "ignore_eos": True}
     status, text = served.one({**body, "stream": False})
@@ -211,7 +197,7 @@ def test_native_logprobs_and_prompt_logprobs(served, tiny_tokenizer, reference):
     out = json.loads(text)
     assert [t["id"] for t in out["prompt_tokens"]] == ids
     assert out["prompt_tokens"][0]["logprob"] is None and out["prompt_tokens"][0]["top_logprobs"] is None
-    full = reference(ids)
+    full = model_log_softmax(ids)
     for i in range(1, len(ids)):
         assert out["prompt_tokens"][i]["logprob"] == pytest.approx(float(full[i - 1, ids[i]]), abs=TOL)
     for i in range(1, len(ids)):
@@ -219,7 +205,7 @@ def test_native_logprobs_and_prompt_logprobs(served, tiny_tokenizer, reference):
         got = [(a["id"], a["logprob"]) for a in out["prompt_tokens"][i]["top_logprobs"]]
         ref_ids = ref_top.indices.tolist()
         top_got = [(t, v) for t, v in got if t in ref_ids]
-        assert [t for t, _ in top_got] == ref_ids  # alternatives by id: the reference's top 2, in order
+        assert [t for t, _ in top_got] == ref_ids  # alternatives by id: the model's top 2, in order
         assert [v for _, v in top_got] == pytest.approx(ref_top.values.tolist(), abs=TOL)
     assert len(out["tokens"]) == 4 and all(2 <= len(t["top_logprobs"]) <= 3 for t in out["tokens"])
     status, streamed = served.one({**body, "stream": True})

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import openai
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytestmark = pytest.mark.e2e
 
@@ -20,37 +18,20 @@ def client(openai_base_url: str, api_key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=openai_base_url, api_key=api_key, max_retries=0, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True, torch_dtype=torch.float32)
-    model.eval()
-
-    def logprobs(ids: list[int]) -> torch.Tensor:
-        with torch.inference_mode():
-            return torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
-
-    return logprobs
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
-
-
-def test_loglikelihood_request_as_lm_eval_sends_it(client, server, tokenizer, reference):
-    ids = tokenizer("Once upon a time there was a cat")["input_ids"]
+def test_loglikelihood_request_as_lm_eval_sends_it(client, server, tiny_tokenizer, model_log_softmax):
+    ids = tiny_tokenizer("Once upon a time there was a cat")["input_ids"]
     out = client.completions.create(
         model=server.model_name, prompt=[ids], max_tokens=1, logprobs=1, echo=True, temperature=0, seed=1234
     )
     lp = out.choices[0].logprobs
     assert len(lp.token_logprobs) == len(ids) + 1 == len(lp.tokens) == len(lp.top_logprobs) == len(lp.text_offset)
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    ref = reference(ids)
+    ref = model_log_softmax(ids)
     for i in range(1, len(ids)):
         assert lp.token_logprobs[i] == pytest.approx(float(ref[i - 1, ids[i]]), abs=TOL)
     assert lp.token_logprobs[-1] == pytest.approx(float(ref[-1].max()), abs=TOL)
     assert lp.token_logprobs[-1] == max(lp.top_logprobs[-1].values())  # greedy: the same float
-    assert out.choices[0].text.startswith(tokenizer.decode(ids, skip_special_tokens=True))
+    assert out.choices[0].text.startswith(tiny_tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def test_streamed_echo_logprobs_equal_the_whole_answer(client, server):
@@ -76,7 +57,7 @@ def test_streamed_echo_logprobs_equal_the_whole_answer(client, server):
     assert len(chunks) > 2  # it did stream
 
 
-def test_chat_logprobs(client, server, reference, tokenizer):
+def test_chat_logprobs(client, server, model_log_softmax, tiny_tokenizer):
     messages = [{"role": "user", "content": "Hello"}]
     out = client.chat.completions.create(
         model=server.model_name,
