@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from scripts.torchserve_compat import has_secure_defaults
 from tests.modes import MODES, with_mode
 from tests.torchserve_process import TorchServe, start_torchserve
@@ -12,6 +13,7 @@ from tests.torchserve_process import TorchServe, start_torchserve
 # TorchServe 0.12 passes the path after /predictions/<model>/<version>/ as url_path; 0.11 passes
 # none, so there every TGI request is recognised by its body (handler.no_route_api: tgi).
 HAS_URL_PATH = has_secure_defaults()
+FAILPOINT_MARKER = "<<fail-inside-generate>>"  # a prompt holding it fails at a decode step
 
 TGI_MODEL_CONFIG = {
     "minWorkers": 1,
@@ -38,6 +40,7 @@ def server(request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
         tmp_path_factory.mktemp(f"torchserve-tgi-{request.param}"),
         tiny_model_dir,
         with_mode(TGI_MODEL_CONFIG, request.param),
+        env={FAILPOINT_ENV: FAILPOINT_MARKER},
     )
     ts.mode = request.param
     try:

@@ -12,7 +12,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError
 
-from tests.tgi.conftest import HAS_URL_PATH
+from tests.tgi.conftest import FAILPOINT_MARKER, HAS_URL_PATH
 
 pytestmark = pytest.mark.e2e
 
@@ -109,6 +109,19 @@ def test_validation_errors_are_422_with_tgi_keys(server, generate_url: str):
         "error": "Input validation error: `temperature` must be strictly positive",
         "error_type": "validation",
     }
+
+
+def test_a_failed_generation_is_424_or_a_last_error_event(server, generate_url: str):
+    body = {"inputs": f"{PROMPT} {FAILPOINT_MARKER}", "parameters": {"max_new_tokens": 20, "ignore_eos": True}}
+    response = httpx.post(generate_url, json=body, headers=server.headers, timeout=60)
+    assert response.status_code == 424
+    assert response.json()["error_type"] == "generation"
+    response = httpx.post(generate_url, json={**body, "stream": True}, headers=server.headers, timeout=60)
+    assert response.status_code == 200  # the first tokens went out before the failing step
+    events = [json.loads(line[len("data:") :]) for line in response.text.splitlines() if line]
+    assert all("token" in e for e in events[:-1]) and len(events) > 1
+    assert events[-1]["error_type"] == "generation" and events[-1]["error"]
+    assert httpx.post(generate_url, json={"inputs": PROMPT}, headers=server.headers, timeout=60).status_code == 200
 
 
 def test_decoder_input_details_give_the_prompt_logprobs(client: InferenceClient, tiny_tokenizer):
