@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import httpx
 import huggingface_hub.constants
@@ -12,7 +13,9 @@ import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError
 
-from tests.tgi.conftest import FAILPOINT_MARKER, HAS_URL_PATH
+from tests.modes import with_mode
+from tests.streaming import assert_first_arrived_while_generating, timed
+from tests.tgi.conftest import FAILPOINT_MARKER, HAS_URL_PATH, TGI_MODEL_CONFIG
 
 pytestmark = pytest.mark.e2e
 
@@ -74,6 +77,18 @@ def test_stream_with_details(client: InferenceClient):
     assert all(math.isfinite(e.token.logprob) for e in events)
     whole = client.text_generation(PROMPT, max_new_tokens=10, details=True)
     assert [e.token.id for e in events] == [t.id for t in whole.details.tokens]
+
+
+def test_events_arrive_while_generating(server, generate_url: str):
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 120, "ignore_eos": True}, "stream": True}
+    started = time.perf_counter()
+    with httpx.stream("POST", generate_url, json=body, headers=server.headers, timeout=60) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        arrivals = list(timed(response.iter_text()))
+    events = [json.loads(line[len("data:") :]) for line in "".join(t for _, t in arrivals).splitlines() if line]
+    assert len(events) == 120 and events[-1]["generated_text"] == "".join(e["token"]["text"] for e in events)
+    batch_delay_s = with_mode(TGI_MODEL_CONFIG, server.mode)["maxBatchDelay"] / 1000
+    assert_first_arrived_while_generating(started, [at for at, _ in arrivals], batch_delay_s)
 
 
 def test_return_full_text(client: InferenceClient):
