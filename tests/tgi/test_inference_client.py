@@ -67,8 +67,9 @@ def test_a_seeded_sampled_request_reports_its_seed_and_repeats(client: Inference
 
 
 def test_stream_with_details(client: InferenceClient):
-    events = list(client.text_generation(PROMPT, max_new_tokens=10, stream=True, details=True))
+    events = list(client.text_generation(PROMPT, max_new_tokens=10, stream=True, details=True, top_n_tokens=2))
     assert all(e.token is not None and isinstance(e.token.id, int) for e in events)
+    assert all(len(e.top_tokens) == 2 and _field(e.top_tokens[0], "id") == e.token.id for e in events)  # greedy
     assert all(e.generated_text is None and e.details is None for e in events[:-1])
     last = events[-1]
     assert last.details.finish_reason in ("length", "eos_token")
