@@ -122,7 +122,9 @@ class TgiApi(Api):
         self.return_full_text = bool(params.return_full_text)
         sampling = _sampling(params)
         self.seed = sampling.seed if sampling.do_sample else None
-        wants_logprobs = stream or self.details or self.top_n > 0
+        # Only answers that show logprobs ask for them: a backend without logits (sim) refuses
+        # requests that do, and a plain stream's events carry `"logprob": null` instead.
+        wants_logprobs = self.details or self.top_n > 0
         return GenerationRequest(
             prompt=req.inputs,
             max_new_tokens=_max_new_tokens(params.max_new_tokens, limits),

@@ -94,8 +94,9 @@ def test_logprobs_are_asked_for_when_the_answer_shows_them(params, expected):
     assert parse(params)[1].logprobs == expected
 
 
-def test_streams_always_carry_logprobs_and_generate_stream_always_streams():
-    assert parse(stream=True)[1].logprobs == 0
+def test_a_plain_stream_asks_for_no_logprobs_and_generate_stream_always_streams():
+    assert parse(stream=True)[1].logprobs is None
+    assert parse({"details": True}, stream=True)[1].logprobs == 0
     _api, request = parse(route=TgiApi(always_stream=True), stream=False)
     assert request.stream
 
