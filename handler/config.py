@@ -95,6 +95,12 @@ class HandlerConfig(_Section):
         le=256,
         description="torch intra-op threads for the hf backend; None: torch's default (every core)",
     )
+    no_route_api: Literal["native", "tgi"] = Field(
+        default="native",
+        description="how a request that names no route (/invocations, /predictions/<model>, every route on "
+        'TorchServe 0.11) with an {"inputs", "parameters"} body is answered: native NDJSON/JSON, or TGI\'s '
+        "wire format (non-streamed as a list, like the SageMaker Hugging Face LLM containers)",
+    )
     sim: SimConfig | None = None
     neuronx: NeuronxConfig = NeuronxConfig()  # read by backend neuronx (and auto on an inf2 host)
 

@@ -39,7 +39,7 @@ from typing import Any
 from handler import drain
 from handler.api.native import NativeApi
 from handler.engine import StepEngine, Update
-from handler.errors import EngineError, ServingError, to_http
+from handler.errors import EngineError, ServingError
 from handler.service import GenerationService, Work
 from handler.ts_compat import ONE_SHOT_REPLIES
 
@@ -246,8 +246,8 @@ class ContinuousServing:
     def _error_reply(self, tracked: _Tracked, error: ServingError, context: Any) -> _Reply:
         work = tracked.work
         logger.info("request %s failed: %s %s", work.request_id, error.status, error.message)
-        http = to_http(error)
-        context.set_response_status(http.status, http.phrase, work.index)
+        status, phrase = work.api.http_status(error)
+        context.set_response_status(status, phrase, work.index)
         context.set_response_content_type(work.index, "application/json")
         return _Reply(work.api.error(error, midstream=False), end=True, plain_error=True)
 

@@ -80,7 +80,7 @@ class GenerationService:
         try:
             url_path = context.get_request_header(index, "url_path")
             body = None if route_path(url_path) else decode_body(body_of(row))  # no route: the body picks it
-            work.api = select_api(url_path, context.model_name, body)
+            work.api = select_api(url_path, context.model_name, body, self.config.handler.no_route_api)
             work.reply = work.api.immediate()
             if work.reply is not None:
                 return work

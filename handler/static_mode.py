@@ -22,7 +22,7 @@ from ts.handler_utils.micro_batching import MicroBatching
 from ts.handler_utils.utils import send_intermediate_predict_response
 
 from handler import drain
-from handler.errors import EngineError, ServingError, to_http
+from handler.errors import EngineError, ServingError
 from handler.micro_batch import MicroBatchEngine
 from handler.sequence import Sequence
 from handler.service import GenerationService, Work
@@ -115,8 +115,8 @@ class StaticServing:
             logger.info("request %s failed: %s %s", work.request_id, error.status, error.message)
             if work.chunks_sent:  # status 200 is already on the wire: report in-band
                 return work.api.error(error, midstream=True)
-            http = to_http(error)
-            context.set_response_status(http.status, http.phrase, work.index)
+            status, phrase = work.api.http_status(error)
+            context.set_response_status(status, phrase, work.index)
             context.set_response_content_type(work.index, "application/json")
             return work.api.error(error, midstream=False)
         self.service.log_request(work)

@@ -4,14 +4,19 @@
 'v1/completions'        OpenAI completions (SSE when streaming)
 'v1/chat/completions'   OpenAI chat completions
 'v1/models[/<id>]'      OpenAI model listing, answered without generating
+'generate'              TGI (huggingface_hub InferenceClient.text_generation): the body's `stream`
+                        decides, SSE or one JSON object
+'generate_stream'       TGI, always SSE
 
 Without a path (`/predictions/<model>`, `/invocations`, and every route on TorchServe 0.11,
 whose frontend does not pass `url_path`), an OpenAI-shaped JSON body is served as OpenAI,
 as SageMaker's LLM containers do: `messages` -> chat completions, `model` with `prompt` ->
-completions. Native bodies (`prompt` without `model`, `inputs`, plain text) stay native.
+completions. Native bodies (`prompt` without `model`, `inputs`, plain text) stay native,
+except that with `handler.no_route_api: tgi` an `inputs` body is answered in TGI's format
+(non-streamed as a one-element list, like TGI's `POST /` and SageMaker's HF LLM containers).
 
-OpenAI Apis keep per-request state (id, first chunk sent), so each request gets a
-fresh instance; the stateless native Api is shared.
+OpenAI and TGI Apis keep per-request state (id, first chunk sent, tokens sent), so each
+request gets a fresh instance; the stateless native Api is shared.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 from handler.api.base import Api
 from handler.api.native import NativeApi
 from handler.api.openai import ChatCompletionsApi, CompletionsApi, ModelsApi
+from handler.api.tgi import TgiApi
 from handler.errors import NotFound
 
 _NATIVE = NativeApi()
@@ -29,6 +35,8 @@ _GENERATION_ROUTES: dict[str, type[CompletionsApi] | type[ChatCompletionsApi]] =
     "v1/chat/completions": ChatCompletionsApi,
 }
 _MODELS = "v1/models"
+_TGI_GENERATE = "generate"
+_TGI_GENERATE_STREAM = "generate_stream"
 
 
 def route_path(url_path: str | None) -> str:
@@ -36,11 +44,18 @@ def route_path(url_path: str | None) -> str:
     return (url_path or "").strip("/")
 
 
-def select_api(url_path: str | None, model_name: str, body: dict[str, Any] | str | None = None) -> Api:
-    """The Api for TorchServe's `url_path` request header; without one, for the decoded body's shape."""
+def select_api(
+    url_path: str | None, model_name: str, body: dict[str, Any] | str | None = None, no_route_api: str = "native"
+) -> Api:
+    """The Api for TorchServe's `url_path` request header; without one, for the decoded body's
+    shape (and `handler.no_route_api` for an `inputs` body)."""
     path = route_path(url_path)
     if not path:
-        return _api_for_body(body, model_name)
+        return _api_for_body(body, model_name, no_route_api)
+    if path == _TGI_GENERATE:
+        return TgiApi()
+    if path == _TGI_GENERATE_STREAM:
+        return TgiApi(always_stream=True)
     if path in _GENERATION_ROUTES:
         return _GENERATION_ROUTES[path](model_name)
     if path == _MODELS:
@@ -50,9 +65,11 @@ def select_api(url_path: str | None, model_name: str, body: dict[str, Any] | str
     raise NotFound(f"unknown route '{path}'", "url_path")
 
 
-def _api_for_body(body: dict[str, Any] | str | None, model_name: str) -> Api:
+def _api_for_body(body: dict[str, Any] | str | None, model_name: str, no_route_api: str) -> Api:
     if isinstance(body, dict) and "messages" in body:
         return ChatCompletionsApi(model_name)
     if isinstance(body, dict) and "model" in body and "prompt" in body:
         return CompletionsApi(model_name)
+    if no_route_api == "tgi" and isinstance(body, dict) and "inputs" in body:
+        return TgiApi(as_list=True)
     return _NATIVE

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from handler.errors import ServingError
+from handler.errors import ServingError, to_http
 from handler.request import GenerationRequest, Limits
 from handler.sequence import Sequence
 
@@ -44,3 +44,8 @@ class Api(ABC):
     @abstractmethod
     def error(self, error: ServingError, midstream: bool) -> str:
         """The error body; `midstream` when a 200 and some chunks are already on the wire."""
+
+    def http_status(self, error: ServingError) -> tuple[int, str]:
+        """The status and reason phrase of an error answered before anything was sent."""
+        http = to_http(error)
+        return http.status, http.phrase

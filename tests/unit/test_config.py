@@ -38,6 +38,8 @@ def test_every_shipped_config_serves_continuously():
 def test_defaults_and_immutability():
     config = ServingConfig.from_model_yaml(minimal())
     assert config.handler.amp == "f32"
+    assert config.handler.no_route_api == "native"
+    assert ServingConfig.from_model_yaml(minimal(no_route_api="tgi")).handler.no_route_api == "tgi"
     assert (config.scheduler.mode, config.scheduler.n_slots, config.scheduler.overlap) == ("continuous", 4, True)
     assert config.scheduler.prefill_token_budget == 2048
     assert config.micro_batching.micro_batch_size == 1
@@ -52,6 +54,7 @@ def test_defaults_and_immutability():
         (minimal(tpdegree=2), "handler.tpdegree: unknown key"),
         (minimal(amp="fp16"), "handler.amp"),
         (minimal(amp="fp16"), "'f32', 'f16' or 'bf16'"),
+        (minimal(no_route_api="openai"), "handler.no_route_api"),
         (minimal(tp_degree=0), "handler.tp_degree"),
         (minimal(tp_degree="2"), "handler.tp_degree"),
         (minimal(n_positions=128, max_new_tokens=200, default_max_new_tokens=16), "leaves no room for a prompt"),
