@@ -134,6 +134,9 @@ class TgiApi(Api):
             ignore_eos=bool(params.ignore_eos),
             logprobs=self.top_n if wants_logprobs else None,
             prompt_logprobs=self.prefill_details,
+            # what a backend's refusal names (sim has no logits; neuronx needs output_all_logits)
+            logprobs_param="parameters.top_n_tokens" if self.top_n > 0 else "parameters.details",
+            prompt_logprobs_param="parameters.decoder_input_details",
         )
 
     def content_type(self, request: GenerationRequest) -> str:
