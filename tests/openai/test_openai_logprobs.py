@@ -57,31 +57,22 @@ def test_streamed_echo_logprobs_equal_the_whole_answer(client, server):
     assert len(chunks) > 2  # it did stream
 
 
-def test_chat_logprobs(client, server, model_log_softmax, tiny_tokenizer):
-    messages = [{"role": "user", "content": "Hello"}]
-    out = client.chat.completions.create(
-        model=server.model_name,
-        messages=messages,
-        max_tokens=5,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=2,
-        extra_body={"ignore_eos": True},
-    )
+def test_chat_logprobs(client, server):
+    request = {
+        "model": server.model_name,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "extra_body": {"ignore_eos": True},
+    }
+    out = client.chat.completions.create(**request)
     content = out.choices[0].logprobs.content
     assert len(content) == 5
     assert all(len(entry.top_logprobs) == 2 and entry.bytes == list(entry.token.encode()) for entry in content)
     assert all(entry.top_logprobs[0].logprob == entry.logprob for entry in content)  # greedy
-    streamed = client.chat.completions.create(
-        model=server.model_name,
-        messages=messages,
-        max_tokens=5,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=2,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
+    streamed = client.chat.completions.create(**request, stream=True)
     streamed_content = [
         e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content
     ]
