@@ -70,7 +70,11 @@ def test_kill_9_of_the_worker_mid_stream(sim_server: TorchServe):
         )
         for i in range(N_SLOTS - len(streams))
     }
-    _wait_until_the_worker_holds(server, N_SLOTS)  # the frontend hands them over at its next step
+    # The frontend hands them over at its next step; TorchServe 0.11 was seen to keep one of them
+    # in its queue while the batch is this full. Those the worker holds must die with it, the rest
+    # must be served by the restarted worker.
+    held = _wait_until_the_worker_holds(server, N_SLOTS)
+    assert held > len(streams), f"the worker holds {held} requests: none of the non-streamed ones"
     queued = {
         f"queued {i}": InBackground(native, {**body, "prompt": f"queued {i}", "max_new_tokens": 20}, headers)
         for i in range(2)
@@ -82,38 +86,45 @@ def test_kill_9_of_the_worker_mid_stream(sim_server: TorchServe):
 
     killed_at = time.perf_counter()
     os.kill(worker, signal.SIGKILL)
-    in_flight = {name: r.join() for name, r in {**streams, **waiting}.items()}
-    served_again = _first_200(server, killed_at)
+    served_again = _first_200(server, killed_at)  # first: the joins below may wait for a long request
     ping_again = _ping_200(server, killed_at)
+    in_flight = {name: r.join() for name, r in {**streams, **waiting}.items()}
     served_queued = {name: r.join() for name, r in queued.items()}
 
     _print_timeline(killed_at, in_flight, served_queued, served_again, ping_again)
-    for name, outcome in in_flight.items():
-        assert outcome.ending in ("error", "broken", "error_status"), f"{name} ended {outcome.ending}: {outcome}"
+    died = {name: o for name, o in in_flight.items() if o.ending in ("error", "broken", "error_status")}
+    for name, outcome in died.items():
         assert outcome.ended_at - killed_at <= ENDED_WITHIN_S, (
             f"{name} ended {outcome.ended_at - killed_at:.1f} s later"
         )
     for name in streams:
+        assert name in died, f"{name} ended {in_flight[name].ending}: {in_flight[name]}"
         assert in_flight[name].status == 200 and in_flight[name].body, f"{name} had no stream open"
+    assert len(died) == held, f"{len(died)} requests died with the worker, which held {held}"
     for name in waiting:
-        assert in_flight[name].status >= 500, f"{name}: {in_flight[name]}"
+        if name in died:
+            assert in_flight[name].status >= 500, f"{name}: {in_flight[name]}"
+        else:  # still in the frontend's queue at the kill: served in full by the restarted worker
+            assert (in_flight[name].status, in_flight[name].ending) == (200, "finish"), f"{name}: {in_flight[name]}"
     for name, outcome in served_queued.items():
         assert (outcome.status, outcome.ending) == (200, "finish"), f"{name} was not served: {outcome}"
     assert server.worker_pids() and worker not in server.worker_pids()
     assert not alive(worker)
 
 
-def _wait_until_the_worker_holds(server: TorchServe, requests: int, timeout_s: float = 60.0) -> None:
-    """Until the handler's gauges (Prometheus) count `requests` in the worker, decoding or waiting
-    for a slot: only then is every one of them in the step the kill interrupts."""
+def _wait_until_the_worker_holds(server: TorchServe, requests: int, timeout_s: float = 60.0) -> int:
+    """How many requests the handler's gauges (Prometheus) count in the worker, decoding or
+    waiting for a slot, once they reach `requests` or have not grown for 3 s."""
     deadline = time.monotonic() + timeout_s
-    held = 0.0
+    held, since = 0, time.monotonic()
     while time.monotonic() < deadline:
-        held = sum(gauges(server.scrape_metrics()).values())
-        if held >= requests:
-            return
+        now = int(sum(gauges(server.scrape_metrics()).values()))
+        if now != held:
+            held, since = now, time.monotonic()
+        if held >= requests or (held and time.monotonic() - since > 3.0):
+            return held
         time.sleep(0.1)
-    raise AssertionError(f"the worker holds {held:.0f} requests, not {requests}")
+    raise AssertionError(f"the worker's count of requests was still changing ({held}) after {timeout_s} s")
 
 
 def _first_200(server: TorchServe, since: float) -> float:
