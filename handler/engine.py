@@ -41,7 +41,9 @@ class Update:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """Timing of one engine step, for the metrics."""
+    """Timing of one engine step, for the metrics. The host's share of the step, by stage:
+    `sampling_s` (inside the backend calls: choosing tokens from logits) and `detokenize_s`
+    (after them: each Sequence's detokenizer, stop strings and end checks)."""
 
     prefill_s: float | None
     decode_s: float | None
@@ -49,6 +51,8 @@ class StepRecord:
     decoded: int
     occupied: int
     waiting: int
+    sampling_s: float = 0.0
+    detokenize_s: float = 0.0
 
 
 @dataclass
@@ -75,6 +79,7 @@ class StepEngine:
         self._aborts: list[str] = []
         self._failure: ServingError | None = None  # fail_all(): applied at the start of the next step
         self._records: list[StepRecord] = []
+        self._host_s = [0.0, 0.0]  # this step's sampling and detokenizing seconds so far
         self.steps = 0
         self._step_started: float | None = None  # while a step runs
         self._thread: threading.Thread | None = None
@@ -206,6 +211,7 @@ class StepEngine:
         if not admitted and not self.scheduler.occupied:
             self._finish_step(None, None, 0, 0)
             return bool(released)
+        self._host_s = [0.0, 0.0]
         prefill_s = self._prefill(admitted) if admitted else None
         live = self.scheduler.running()
         decode_s = self._decode(live) if live else None
@@ -251,6 +257,7 @@ class StepEngine:
             self._fail([(a.slot, a.item) for a in admitted], exc, "prefill")
             return self._clock() - started
         elapsed = self._clock() - started
+        self._host_s[0] += self.backend.sampling_s
         self._deliver([(a.slot, a.item) for a in admitted], choices)
         return elapsed
 
@@ -263,6 +270,7 @@ class StepEngine:
             self._fail(live, exc, "decode")
             return self._clock() - started
         elapsed = self._clock() - started
+        self._host_s[0] += self.backend.sampling_s
         self._deliver(live, choices)
         return elapsed
 
@@ -271,8 +279,10 @@ class StepEngine:
             self._fail(rows, RuntimeError(f"the backend returned {len(choices)} tokens for {len(rows)} slots"), "step")
             return
         ended = []
+        started = self._clock()
         with self._tokenizer_lock:
             deltas = [sequence.take(choice) for (_, sequence), choice in zip(rows, choices, strict=False)]
+        self._host_s[1] += self._clock() - started
         with self._changed:
             for (slot, sequence), delta in zip(rows, deltas, strict=False):
                 box = self._outboxes.get(sequence.request_id)
@@ -311,7 +321,15 @@ class StepEngine:
             if prefilled or decoded:
                 self.steps += 1
                 self._records.append(
-                    StepRecord(prefill_s, decode_s, prefilled, decoded, self.scheduler.occupied, self.scheduler.waiting)
+                    StepRecord(
+                        prefill_s,
+                        decode_s,
+                        prefilled,
+                        decoded,
+                        self.scheduler.occupied,
+                        self.scheduler.waiting,
+                        *self._host_s,
+                    )
                 )
                 del self._records[:-1000]  # nobody drains them outside TorchServe
             self._changed.notify_all()

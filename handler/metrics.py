@@ -14,6 +14,10 @@ Continuous mode, per handler call / engine step:
   llm_requests_waiting             requests waiting for a slot (gauge)
   llm_prefill_step_seconds         one step's prefills (all rows admitted in that step)
   llm_decode_step_seconds          one decode step over the live slots
+  llm_step_sampling_seconds        the host's share of a step spent choosing tokens from the
+                                   logits (inside the prefill and decode times above)
+  llm_step_detokenize_seconds      the host's share spent after them: detokenizing, stop
+                                   strings and end checks of every row
   llm_frontend_round_trip_seconds  from one handler reply to the frontend's next call
   llm_cancelled_requests           requests whose client went away before the end (counter)
 
@@ -67,6 +71,8 @@ OCCUPIED = MetricSpec("llm_slots_occupied", "count", MetricTypes.GAUGE)
 WAITING = MetricSpec("llm_requests_waiting", "count", MetricTypes.GAUGE)
 PREFILL_STEP = MetricSpec("llm_prefill_step_seconds", "s", MetricTypes.HISTOGRAM)
 DECODE_STEP = MetricSpec("llm_decode_step_seconds", "s", MetricTypes.HISTOGRAM)
+STEP_SAMPLING = MetricSpec("llm_step_sampling_seconds", "s", MetricTypes.HISTOGRAM)
+STEP_DETOKENIZE = MetricSpec("llm_step_detokenize_seconds", "s", MetricTypes.HISTOGRAM)
 ROUND_TRIP = MetricSpec("llm_frontend_round_trip_seconds", "s", MetricTypes.HISTOGRAM)
 CANCELLED = MetricSpec("llm_cancelled_requests", "count", MetricTypes.COUNTER)
 ALL_METRICS = (
@@ -79,6 +85,8 @@ ALL_METRICS = (
     WAITING,
     PREFILL_STEP,
     DECODE_STEP,
+    STEP_SAMPLING,
+    STEP_DETOKENIZE,
     ROUND_TRIP,
     CANCELLED,
 )
@@ -168,6 +176,8 @@ class TokenMetrics:
                 self._emit(context, PREFILL_STEP, record.prefill_s)
             if record.decode_s is not None:
                 self._emit(context, DECODE_STEP, record.decode_s)
+            self._emit(context, STEP_SAMPLING, record.sampling_s)
+            self._emit(context, STEP_DETOKENIZE, record.detokenize_s)
         self._emit(context, OCCUPIED, occupied)
         self._emit(context, WAITING, waiting)
 

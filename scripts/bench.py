@@ -81,6 +81,7 @@ class Target:
     api: str  # native | openai
     headers: dict[str, str]
     ignore_eos: bool = True
+    sampling: dict[str, Any] | None = None  # e.g. {"temperature": 0.8, "top_p": 0.9}; None: the route's default
 
     @property
     def endpoint(self) -> str:
@@ -89,8 +90,9 @@ class Target:
 
     def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         if self.api == "native":
-            return {"prompt": prompt, "max_new_tokens": max_tokens, "ignore_eos": self.ignore_eos, "stream": True}
-        return {
+            body = {"prompt": prompt, "max_new_tokens": max_tokens, "ignore_eos": self.ignore_eos, "stream": True}
+            return body | (self.sampling or {})
+        return (self.sampling or {}) | {
             "model": self.model,
             "prompt": prompt,
             "max_tokens": max_tokens,

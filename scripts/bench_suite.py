@@ -15,6 +15,11 @@ Ratios (continuous mode unless said):
   P2 = served output tok/s, B streams / DES continuous tok/s, same load          (goal >= 0.95)
   P3 = TTFT p50 at 70% of capacity / TTFT p50 idle (one stream)                  (goal <= 1.5)
   P4 = TTFT p50 at 50% of capacity, static / continuous                          (goal >= 10)
+  P2s = P2 with every request sampled (top-p 0.9, temperature 0.8)               (goal >= 0.95)
+        beside it, the same load on a server whose sim runs the old per-slot sampler
+  P8  = host sampling time per step / the profile's decode step (scripts/bench_sampling.py):
+        (a) 8 x 32,000, (b) 32 x 128,256, every row top-p 0.9 T 0.8 (goal <= 0.10; greedy
+        <= 0.02), with the per-slot sampler's figure beside it
 hf: a small random Llama (a few million parameters) on CPU, continuous mode, served at one
 stream and at B = 4 streams; scripts/bench_backend.py (its CLI) measures the backend's own
 step loop in-process, best of three, before and after the served loads:
@@ -41,6 +46,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_des as des
+import bench_sampling
 import bench_server
 from bench import Lengths, Load, PromptMaker, Target, Workload, run_all
 from bench_stats import LoadSummary, SweepPoint, format_table, knee, sweep_points
@@ -60,13 +66,21 @@ METRIC_NAMES = (
     "llm_prefill_step_seconds",
     "llm_decode_step_seconds",
     "llm_frontend_round_trip_seconds",  # the per-step frontend round trip that overlap hides
+    "llm_step_sampling_seconds",  # the host's share of a step, by stage: choosing tokens
+    "llm_step_detokenize_seconds",  # ... and detokenizing / stop strings
 )
+SAMPLED = {"temperature": 0.8, "top_p": 0.9}  # P2s's requests
 GOALS: dict[str, tuple[str, float]] = {
     "P1": ("<=", 1.05),
     "P2": (">=", 0.95),
     "P3": ("<=", 1.5),
     "P4": (">=", 10.0),
     "P5": (">=", 0.90),
+    "P2s": (">=", 0.95),
+    "P8a": ("<=", 0.10),
+    "P8b": ("<=", 0.10),
+    "P8a-greedy": ("<=", 0.02),
+    "P8b-greedy": ("<=", 0.02),
 }
 
 
@@ -224,6 +238,11 @@ class ModeRun:
     limits: list[LoadSummary | None]
     fractions: dict[str, float]
     handler_metrics: dict[str, float] = field(default_factory=dict)
+    # P2s: the concurrent load again, every request sampled; with the batched sampler (this
+    # server) and with the old per-slot one (a server of its own)
+    sampled: LoadSummary | None = None
+    sampled_per_slot: LoadSummary | None = None
+    sampled_metrics: dict[str, float] = field(default_factory=dict)
 
     def kind(self, kind: str) -> tuple[LoadSummary, LoadSummary | None] | None:
         for s, lim in zip(self.served, self.limits, strict=True):
@@ -244,6 +263,9 @@ class ModeRun:
             "handler_metrics_mean_s": self.handler_metrics,
             "loads": [s.to_dict() for s in self.served],
             "limits": [lim.to_dict() if lim else None for lim in self.limits],
+            "sampled": self.sampled.to_dict() if self.sampled else None,
+            "sampled_per_slot": self.sampled_per_slot.to_dict() if self.sampled_per_slot else None,
+            "sampled_handler_metrics_mean_s": self.sampled_metrics,
         }
         if capacity:
             out["sweep"] = [asdict(p) for p in sweep_points(self.served, capacity)]
@@ -269,6 +291,7 @@ class Ratio:
     numerator: str  # the measured figure, with its unit and where it comes from
     denominator: str
     limit: float | None = None  # the same ratio in the discrete-event limit (zero overhead)
+    baseline: float | None = None  # the same ratio with the old per-slot sampler (P2s, P8)
 
     @property
     def goal(self) -> str:
@@ -285,6 +308,8 @@ class Ratio:
         text += f"  = {self.numerator} / {self.denominator}"
         if self.limit is not None:
             text += f"  (policy limit: {self.limit:.2f})"
+        if self.baseline is not None:
+            text += f"  (per-slot sampler: {self.baseline:.3g})"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -345,6 +370,36 @@ def p5(concurrent: LoadSummary, in_process_tokens_per_s: float) -> Ratio:
     )
 
 
+def p2s(sampled: LoadSummary, limit: LoadSummary, per_slot: LoadSummary | None) -> Ratio:
+    return Ratio(
+        "P2s",
+        sampled.output_tokens_per_s / limit.output_tokens_per_s,
+        f"served {sampled.output_tokens_per_s:.1f} tok/s ({sampled.streams} streams, every request top-p 0.9 T 0.8)",
+        f"DES {limit.output_tokens_per_s:.1f} tok/s (same load)",
+        limit=1.0,
+        baseline=per_slot.output_tokens_per_s / limit.output_tokens_per_s if per_slot else None,
+    )
+
+
+def p8(timings: list[bench_sampling.Timing]) -> list[Ratio]:
+    """P8 (a, b), sampled and greedy, from scripts/bench_sampling.py's timings (stand-in logits)."""
+    out = []
+    for case in bench_sampling.cases():
+        for params, suffix in (("top-p 0.9, T 0.8", ""), ("greedy", "-greedy")):
+            t = bench_sampling.find(timings, case.name, params, "batched")
+            slow = bench_sampling.find(timings, case.name, params, "per-slot")
+            out.append(
+                Ratio(
+                    f"P8{case.name}{suffix}",
+                    t.ratio,
+                    f"host sampling {t.ms:.2f} ms per step ({case.rows} rows x {case.vocab:,}, {params})",
+                    f"device step {case.step_ms:.1f} ms ({case.step_source})",
+                    baseline=slow.ratio,
+                )
+            )
+    return out
+
+
 def mode_ratios(run: ModeRun, step_1_ms: float, p3_fraction: float) -> list[Ratio]:
     """P1, P2, P3 of one mode, each against that mode's own policy limit."""
     out = []
@@ -366,8 +421,9 @@ def compute_ratios(
     p3_fraction: float = 0.7,
     p4_fraction: float = 0.5,
     in_process_tokens_per_s: float | None = None,
+    sampling_timings: list[bench_sampling.Timing] | None = None,
 ) -> list[Ratio]:
-    """sim: P1-P3 of the continuous mode, and P4 when both modes ran; hf: P5."""
+    """sim: P1-P3 of the continuous mode, P4 when both modes ran, P2s and P8; hf: P5."""
     ratios: list[Ratio] = []
     cont = runs.get("continuous")
     if backend != "sim":
@@ -380,20 +436,35 @@ def compute_ratios(
     static = runs.get("static")
     if cont and static and (s := static.at(p4_fraction)) and (c := cont.at(p4_fraction)):
         ratios.append(p4(s[0], c[0], p4_fraction, (s[1], c[1]) if s[1] and c[1] else None))
+    if cont and cont.sampled and (conc := cont.kind("concurrent")) and conc[1]:
+        ratios.append(p2s(cont.sampled, conc[1], cont.sampled_per_slot))
+    if sampling_timings:
+        ratios += p8(sampling_timings)
     return ratios
 
 
-def handler_metrics(text: str) -> dict[str, float]:
-    """Mean of each of our histograms from a Prometheus scrape (sum / count)."""
-    sums: dict[str, float] = {}
-    counts: dict[str, float] = {}
+def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each of our histograms from a Prometheus scrape."""
+    totals: dict[str, tuple[float, float]] = {}
     for line in text.splitlines():
         for name in METRIC_NAMES:
+            total, count = totals.get(name, (0.0, 0.0))
             if line.startswith(name + "_sum"):
-                sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+                totals[name] = (total + float(line.rsplit(" ", 1)[1]), count)
             elif line.startswith(name + "_count"):
-                counts[name] = counts.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return {name: sums[name] / counts[name] for name in sums if counts.get(name)}
+                totals[name] = (total, count + float(line.rsplit(" ", 1)[1]))
+    return totals
+
+
+def handler_metrics(text: str, before: dict[str, tuple[float, float]] | None = None) -> dict[str, float]:
+    """Mean of each of our histograms from a Prometheus scrape (sum / count); with `before`
+    (an earlier scrape's totals), the mean of what was recorded since."""
+    out = {}
+    for name, (total, count) in histogram_totals(text).items():
+        earlier_total, earlier_count = (before or {}).get(name, (0.0, 0.0))
+        if count > earlier_count:
+            out[name] = (total - earlier_total) / (count - earlier_count)
+    return out
 
 
 # -- results -----------------------------------------------------------------------------
@@ -460,6 +531,46 @@ def _knee_rows(knee_at: dict[str, dict[str, dict[str, float | None]]], mode: str
     return [(names[k], knee_at[k][mode]) for k in names if mode in knee_at.get(k, {})]
 
 
+# -- P2s: the concurrent load, sampled -----------------------------------------------------
+def sampled_load(streams: int, rounds: int, sampler: str = "batched") -> Load:
+    return Load("concurrent", streams * rounds, streams, label=f"sampled@{streams} {sampler}")
+
+
+def fresh_workload(model_dir: Path, args: argparse.Namespace, output_tokens: int) -> Workload:
+    """The same prompts, lengths and arrival times for every server."""
+    return Workload(
+        PromptMaker(model_dir, seed=0),
+        Lengths(args.prompt_tokens, args.prompt_spread),
+        Lengths(output_tokens, 0),
+        seed=0,
+        progress=not args.no_progress,
+    )
+
+
+def run_sampled(server: Any, load: Load, workload: Workload) -> tuple[LoadSummary, dict[str, float]]:
+    """The sampled load on a running server; the handler metrics' means over just that load."""
+    before = histogram_totals(server.scrape_metrics())
+    target = Target(server.url, server.model_name, "native", server.headers, sampling=SAMPLED)
+    [summary] = asyncio.run(run_all(target, [load], workload, sweep_streams=load.streams))
+    return summary, handler_metrics(server.scrape_metrics(), before)
+
+
+def run_sampled_per_slot(
+    workdir: Path, model_dir: Path, config: dict[str, Any], load: Load, workload: Workload
+) -> LoadSummary:
+    """The same sampled load on a server whose sim runs the old per-slot sampler (P2s's baseline)."""
+    config = copy.deepcopy(config)
+    config["handler"]["sim"]["sampler"] = "per_slot"
+    print(f"[bench] continuous, per-slot sampler: starting torchserve in {workdir} ...", file=sys.stderr)
+    server = bench_server.start(workdir, model_dir, config)
+    try:
+        target = Target(server.url, server.model_name, "native", server.headers, sampling=SAMPLED)
+        [summary] = asyncio.run(run_all(target, [load], workload, sweep_streams=load.streams))
+    finally:
+        server.stop()
+    return summary
+
+
 # -- main --------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -491,6 +602,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--time-scale", type=float, default=1.0, help="sim: scales every simulated sleep (> 0)")
     parser.add_argument("--des-requests", type=int, default=5000, help="per load of the long-run policy table")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--sampled", action=argparse.BooleanOptionalAction, default=True, help="sim: P2s (two more sampled loads)"
+    )
     args = parser.parse_args(argv)
     if args.time_scale <= 0:
         parser.error("--time-scale must be > 0 (the ratios divide by the profile's scaled times)")
@@ -557,6 +671,10 @@ def main(argv: list[str] | None = None) -> None:
             f"loads: " + ", ".join(x.name for x in plan.loads),
             file=sys.stderr,
         )
+    sampling_timings = None
+    if sim:  # before any server runs: the host to itself
+        print("[bench] host sampling per step, batched vs per-slot (scripts/bench_sampling.py) ...", file=sys.stderr)
+        sampling_timings = bench_sampling.measure(repeats=5, per_slot_repeats=1)
     if not sim:
         print("[bench] in-process reference (scripts/bench_backend.py) ...", file=sys.stderr)
         ref = backend_reference(configs[modes[0]], model_dir, workroot, args.prompt_tokens, output_tokens, repeats=3)
@@ -580,22 +698,25 @@ def main(argv: list[str] | None = None) -> None:
         server = bench_server.start(workdir, model_dir, config)
         try:
             target = Target(server.url, server.model_name, "native", server.headers)
-            workload = Workload(  # the same prompts, lengths and arrival times for every mode
-                PromptMaker(model_dir, seed=0),
-                Lengths(args.prompt_tokens, args.prompt_spread),
-                Lengths(output_tokens, 0),
-                seed=0,
-                progress=not args.no_progress,
-            )
+            workload = fresh_workload(model_dir, args, output_tokens)
             served = asyncio.run(run_all(target, list(plan.loads), workload, sweep_streams=streams))
             try:
                 metrics = handler_metrics(server.scrape_metrics())
             except Exception as exc:  # the figures stand without the cross-check
                 print(f"[bench] could not scrape metrics: {exc}", file=sys.stderr)
                 metrics = {}
+            sampled = None
+            if sim and mode == "continuous" and args.sampled:
+                sampled = run_sampled(server, sampled_load(streams, args.concurrent_rounds * scale), workload)
         finally:
             server.stop()
         runs[mode] = ModeRun(mode, config, served, limits, plan.fractions, metrics)
+        if sampled:
+            load = sampled_load(streams, args.concurrent_rounds * scale, "per-slot")
+            runs[mode].sampled, runs[mode].sampled_metrics = sampled
+            runs[mode].sampled_per_slot = run_sampled_per_slot(
+                workroot / "per-slot", model_dir, config, load, fresh_workload(model_dir, args, output_tokens)
+            )
 
     if not sim:  # the machine may have been busier before: measure again, keep the faster
         print("[bench] in-process reference again ...", file=sys.stderr)
@@ -612,6 +733,7 @@ def main(argv: list[str] | None = None) -> None:
         p3_fraction=args.load_fraction,
         p4_fraction=args.p4_fraction,
         in_process_tokens_per_s=ref.get("generate_tokens_per_s"),
+        sampling_timings=sampling_timings,
     )
     by_mode = {m: mode_ratios(r, ref["step_1_ms"], args.load_fraction) for m, r in runs.items()} if sim else {}
     policy_ref = None
@@ -673,10 +795,23 @@ def main(argv: list[str] | None = None) -> None:
         print(format_table(run.served, run.limits if sim else None))
         if run.handler_metrics:
             print(
-                "handler metrics (mean): " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in run.handler_metrics.items())
+                "handler metrics (mean): " + ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in run.handler_metrics.items())
             )
+        if run.sampled:
+            conc = run.kind("concurrent")
+            print(f"\nevery request sampled ({SAMPLED}); the per-slot row: a server with the old per-slot sampler")
+            sampled_rows = [run.sampled] + ([run.sampled_per_slot] if run.sampled_per_slot else [])
+            print(format_table(sampled_rows, [conc[1]] * len(sampled_rows) if conc and conc[1] else None))
+            if run.sampled_metrics:
+                print(
+                    "handler metrics, sampled load (mean): "
+                    + ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in run.sampled_metrics.items())
+                )
     if sim:
         print("(limit: the same load in the discrete-event model of the mode's policy, zero serving overhead)")
+    if sampling_timings:
+        print("\nhost sampling per step (scripts/bench_sampling.py; P8 reads the stand-in logits):")
+        print(bench_sampling.format_table(sampling_timings))
     if policy_ref is not None:
         print(f"\npolicy limits, long run ({args.des_requests} requests per Poisson load):")
         print(des.format_reference(policy_ref, shape))

@@ -9,7 +9,7 @@ time (TGI's Neuron `Generator` and vLLM's model runner work this way):
   the token it returned last);
 - `release(slot)`: the slot's sequence ended (finished, failed, cancelled); forget it.
 
-Backends pick tokens (sampling, per slot, with `handler/sampling.py`) but never decide
+Backends pick tokens (every row of a call at once, with `backends/sampling.py`) but never decide
 when a sequence ends: EOS, stop strings and lengths are `Sequence`'s business. The
 engine calls one method at a time (never concurrently), puts every live slot in every
 decode call, keeps each request within `n_positions` (prompt + max_new_tokens), and
@@ -91,6 +91,12 @@ class Backend(ABC):
         """Why this backend cannot return the logprobs a request asks for, or None when it can.
         The service asks once, in `prepare`, and answers 400 naming the request's field."""
         return None
+
+    @property
+    def sampling_s(self) -> float:
+        """Host seconds the last prefill or decode call spent choosing tokens (0 for a backend
+        that does not sample on the host); the engine records it per step."""
+        return 0.0
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]

@@ -7,8 +7,8 @@ sequences join and leave between decode steps:
   fresh `DynamicCache` and samples the slot's first token from the last position;
 - `decode` runs ONE forward for the given slots: their caches are left-padded to a
   common length and stacked (zeros on the padding, masked out by a 2-D attention mask),
-  each row's new token sits at its own position (its cached length), and each row is
-  sampled by its own `SlotSampler`.
+  each row's new token sits at its own position (its cached length), and the rows are
+  sampled together by the backend's `BatchSampler`.
 
 The stacked cache is kept between steps: while the decoded set of slots stays the same,
 each step appends one column to it (as `generate` does). It is rebuilt only when a slot
@@ -32,9 +32,9 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from handler.backends.base import Backend, SlotRequest, TokenChoice, clamp_n_positions
 from handler.backends.kv_cache import AppendCache, ForwardKwargs, LayerKV, layers_of, stack, truncate, unpad_row
+from handler.backends.sampling import BatchSampler, prompt_logprobs
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import HandlerConfig
-from handler.sampling import SlotSampler, prompt_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,6 @@ DTYPE_KWARG = "dtype" if _MAJOR_MINOR >= (4, 56) else "torch_dtype"
 class _Slot:
     """One live sequence."""
 
-    sampler: SlotSampler
     length: int  # positions held in its cache (prompt + tokens already run through the model)
     next_token: int  # sampled, not yet run through the model: the next decode's input
     kv: list[LayerKV] | None  # its own K/V (batch of one) while it is not a row of the stacked batch
@@ -97,20 +96,35 @@ class HFBackend(Backend):
         self._forward_kwargs = ForwardKwargs(self.model)
         self._slots: dict[int, _Slot] = {}
         self._batch: _Batch | None = None
+        self.sampler = BatchSampler(n_slots, self.eos_token_ids, self.n_positions)
 
     # -- the contract ------------------------------------------------------------------
+
+    @property
+    def sampling_s(self) -> float:
+        return self.sampler.last_s
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         """Each request alone (batch 1, no padding). All or nothing: if one fails, none of
         this call's slots stays occupied."""
         self._check_prefill(requests)
-        choices = []
+        if not requests:
+            return []
+        done: list[SlotRequest] = []
         try:
             with torch.inference_mode():
+                prompt_logits = []
                 for request in requests:
-                    choices.append(self._prefill_one(request))
+                    prompt_logits.append(self._prefill_one(request))
+                    done.append(request)
+                choices = self._first_tokens(requests, torch.stack([logits[-1] for logits in prompt_logits]))
+                for i, (request, logits) in enumerate(zip(requests, prompt_logits, strict=True)):
+                    self._slots[request.slot].next_token = choices[i].token_id
+                    if request.prompt_logprobs:
+                        prompt = prompt_logprobs(logits, request.prompt_ids, request.logprobs or 0)
+                        choices[i] = dataclasses.replace(choices[i], prompt=prompt)
         except BaseException:
-            for request in requests[: len(choices)]:
+            for request in done:
                 self.release(request.slot)
             raise
         return choices
@@ -134,8 +148,7 @@ class HFBackend(Backend):
                     position_ids=torch.tensor([[state.length] for state in states], dtype=torch.long),
                     **self._forward_kwargs(batch.cache),
                 )
-                logits = out.logits[:, -1]
-                choices = [state.sampler.pick(logits[row]) for row, state in enumerate(states)]
+                choices = self.sampler.sample(batch.slots, out.logits[:, -1], self.vocab_size)
             except BaseException:
                 # Layers before the failure appended their column: cut every layer back.
                 batch.cache = truncate(batch.cache, width)
@@ -151,6 +164,7 @@ class HFBackend(Backend):
     def release(self, slot: int) -> None:
         """Forget the slot's sequence; releasing a free slot is a no-op."""
         self._check_slot(slot)
+        self.sampler.remove(slot)
         if self._slots.pop(slot, None) is None:
             return
         if self._batch is not None and slot in self._batch.slots:
@@ -176,7 +190,9 @@ class HFBackend(Backend):
 
     # -- internals ---------------------------------------------------------------------
 
-    def _prefill_one(self, request: SlotRequest) -> TokenChoice:
+    def _prefill_one(self, request: SlotRequest) -> torch.Tensor:
+        """Runs the prompt into the slot's own cache; its logits ([positions, vocab]: every
+        position with prompt logprobs, else the last)."""
         n = len(request.prompt_ids)
         cache = DynamicCache()
         out = self.model(
@@ -185,13 +201,14 @@ class HFBackend(Backend):
             position_ids=torch.arange(n, dtype=torch.long).unsqueeze(0),
             **self._forward_kwargs(cache, last_only=not request.prompt_logprobs),
         )
-        sampler = SlotSampler(request, self.eos_token_ids)
-        choice = sampler.pick(out.logits[0, -1])
-        if request.prompt_logprobs:
-            prompt = prompt_logprobs(out.logits[0], request.prompt_ids, request.logprobs or 0)
-            choice = dataclasses.replace(choice, prompt=prompt)
-        self._slots[request.slot] = _Slot(sampler, n, choice.token_id, layers_of(cache))
-        return choice
+        self._slots[request.slot] = _Slot(n, -1, layers_of(cache))
+        return out.logits[0]
+
+    def _first_tokens(self, requests: Sequence[SlotRequest], last_logits: torch.Tensor) -> list[TokenChoice]:
+        """One sampler call over the step's prefilled rows."""
+        for request in requests:
+            self.sampler.add(request)
+        return self.sampler.sample([r.slot for r in requests], last_logits, self.vocab_size)
 
     def _restack(self, slots: tuple[int, ...]) -> _Batch:
         """A new stacked batch of `slots`; every slot's K/V is copied into it once."""

@@ -20,8 +20,9 @@ Start-up, in order (each step logged, with how long it took):
 Serving: the step contract of handler/backends/base.py on the SDK's continuous batching
 (transformers-neuronx 0.13, base.py: `_prepare_for_continuous_batching`,
 `_prepare_for_par_ctx_rhs_padding`, `_postprocess`). Slot k of the engine is the SDK's
-sequence id k (`start_ids`), i.e. line k of every KV cache; each slot remembers its sampler,
-the token it chose last and that token's position (cache id).
+sequence id k (`start_ids`), i.e. line k of every KV cache; each slot remembers the token it
+chose last and that token's position (cache id). The host picks every row's token of a step in
+one call to the backend's `BatchSampler` (the device returns logits).
 
 - prefill: one request at a time (under continuous batching the context kernel is compiled
   for batch 1, llama/model.py `context_batch_sizes`, so the SDK would loop anyway):
@@ -71,13 +72,13 @@ import torch
 from transformers import AutoConfig
 
 from handler.backends.base import Backend, SlotRequest, TokenChoice, clamp_n_positions
+from handler.backends.sampling import BatchSampler, prompt_logprobs
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import ConfigError, ServingConfig
 from handler.neuron import artifacts, options
 from handler.neuron.config import MIN_BUCKET, NeuronxConfig
 from handler.neuron.cores import CorePlacement, detect_cores, format_core_list, operator_cores, place
 from handler.neuron.environment import CacheLocation, configure_compiler, pin_cores
-from handler.sampling import SlotSampler, prompt_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -125,10 +126,9 @@ def compiler_version() -> str | None:
 
 @dataclass
 class _Slot:
-    """A live sequence: its sampler, the token it chose last, and the cache id that token goes to
-    (= how many positions of the slot's KV line hold its sequence)."""
+    """A live sequence: the token it chose last, and the cache id that token goes to (= how many
+    positions of the slot's KV line hold its sequence)."""
 
-    sampler: SlotSampler
     token: int
     position: int
 
@@ -156,6 +156,7 @@ class NeuronxBackend(Backend):
         )
         self.buckets = context_buckets(self.settings, self.n_positions)
         self.max_prompt_tokens = self.buckets[-1]
+        self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions)
 
         given = operator_cores()  # read before pin_cores replaces it in this process
         cores = given if given is not None else list(range(self.settings.num_cores or detect_cores()))
@@ -368,20 +369,25 @@ class NeuronxBackend(Backend):
             )
         return None
 
+    @property
+    def sampling_s(self) -> float:
+        return self.sampler.last_s
+
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         self._check_prefill(requests)
-        choices = []
+        if not requests:
+            return []
+        encoded = [self._encode(request.slot, request.prompt_ids) for request in requests]
         for request in requests:
-            logits = self._encode(request.slot, request.prompt_ids)
-            sampler = SlotSampler(request, self.eos_token_ids)
-            choice = sampler.pick(logits[-1])
+            self.sampler.add(request)
+        choices = self.sampler.sample([r.slot for r in requests], torch.stack([logits[-1] for logits in encoded]))
+        for i, (request, logits) in enumerate(zip(requests, encoded, strict=True)):
             if request.prompt_logprobs:
                 if logits.shape[0] < len(request.prompt_ids) - 1:
                     raise RuntimeError("neuronx: prompt logprobs need handler.neuronx.output_all_logits: true")
                 prompt = prompt_logprobs(logits, request.prompt_ids, request.logprobs or 0)
-                choice = dataclasses.replace(choice, prompt=prompt)
-            self._live[request.slot] = _Slot(sampler, choice.token_id, len(request.prompt_ids))
-            choices.append(choice)
+                choices[i] = dataclasses.replace(choices[i], prompt=prompt)
+            self._live[request.slot] = _Slot(choices[i].token_id, len(request.prompt_ids))
         return choices
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
@@ -409,15 +415,14 @@ class NeuronxBackend(Backend):
             # With output_all_logits the SDK's _postprocess returns a decode's logits as the kernel made them:
             # one row per sequence line (all max_num_seqs of them), in line order, not in input order.
             logits = logits[torch.tensor(slots, dtype=torch.long)]
-        choices = []
-        for state, row in zip(states, logits, strict=True):
-            choice = state.sampler.pick(row)
+        choices = self.sampler.sample(slots, logits, self.vocab_size)
+        for state, choice in zip(states, choices, strict=True):
             state.token, state.position = choice.token_id, state.position + 1
-            choices.append(choice)
         return choices
 
     def release(self, slot: int) -> None:
         self._live.pop(slot, None)
+        self.sampler.remove(slot)
 
     def _check_prefill(self, requests: Sequence[SlotRequest]) -> None:
         slots = [request.slot for request in requests]
@@ -493,7 +498,8 @@ class NeuronxBackend(Backend):
             ) from exc
 
     def close(self) -> None:
-        self._live.clear()
+        for slot in list(self._live):
+            self.release(slot)
         self.model = None
         if self.placement is not None:
             self.placement.release()

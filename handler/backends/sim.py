@@ -11,6 +11,13 @@ request's output is the same whoever its batch-mates are. The "model" emits EOS 
 a random number of tokens (unless the request ignores EOS); ending there is up to
 `Sequence`, as with a real model.
 
+The host's share is real: after each simulated device step the real sampler (`sampling.py`)
+runs over `[rows, vocab_size]` stand-in logits (the profile's vocabulary; one buffer made at
+start, every row alike, shaped like a language model's next-token distribution: a few dozen
+likely tokens over a flat background). A sampled row's token is the sampler's pick folded
+onto the tokenizer's text ids; a greedy row keeps the prompt-seeded draw (its argmax would be
+the same token every step). So a sampled request costs what it costs beside a device.
+
 Time charged per step (`charge`):
 - `live_rows` (default): a decode step costs the profile's time for the slots in it;
 - `compiled_batch`: every decode step costs the full compiled batch, which is what a
@@ -28,7 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from handler.backends.base import Backend, SlotRequest, TokenChoice, clamp_n_positions
+from handler.backends.sampling import BatchSampler
+from handler.backends.sampling_per_slot import PerSlotSampler
 from handler.backends.sim_profile import Profile, load_profile, resolve_profile_path
 from handler.backends.tokenizer import load_tokenizer
 from handler.config import ConfigError, HandlerConfig, SimConfig
@@ -80,6 +91,17 @@ def request_seed(request: SlotRequest) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
+def stand_in_logits(rows: int, vocab_size: int, likely: int = 40, seed: int = 0) -> torch.Tensor:
+    """[rows, vocab_size] logits, every row the same: N(0, 1) over the vocabulary and `likely`
+    tokens raised by about 12, so that at temperature 0.8 a top-p 0.9 nucleus is some twenty
+    tokens, as a language model's usually is (random N(0, 1) logits would need thousands)."""
+    generator = torch.Generator().manual_seed(seed)
+    row = torch.randn(vocab_size, generator=generator)
+    picked = torch.randperm(vocab_size, generator=generator)[: min(likely, vocab_size)]
+    row[picked] = 12.0 + torch.randn(len(picked), generator=generator)
+    return row.repeat(rows, 1)  # materialized: the sampler reads rows x vocab floats, as on a device
+
+
 def text_token_ids(tokenizer: Any) -> list[int]:
     """Ids that decode to text on their own: no special tokens, no partial UTF-8 bytes, so
     every simulated token streams as one chunk (held-back bytes would skew client ITL)."""
@@ -109,49 +131,68 @@ class SimModel:
         self.clock = clock or RealClock()
         self.slots: dict[int, SimSlot] = {}
         self.busy_s = 0.0  # simulated device time charged so far
-        self.steps = 0
+        sampler = BatchSampler if sim.sampler == "batched" else PerSlotSampler
+        self.sampler = sampler(profile.batch_size, {eos_token_id}, n_positions)
+        self.logits = stand_in_logits(profile.batch_size, profile.vocab_size)
 
     def _charge(self, started: float, seconds: float) -> None:
         seconds *= self.sim.time_scale
         self.busy_s += seconds
-        self.steps += 1
         self.clock.sleep_until(started + seconds)
 
-    def _next_token(self, slot: SimSlot) -> TokenChoice:
-        if slot.position >= self.n_positions:
-            raise ValueError(f"slot position {slot.position} is past n_positions {self.n_positions}")
-        slot.position += 1
-        slot.generated += 1
-        token = self.eos_token_id if slot.generated == slot.eos_at else slot.rng.choice(self.vocab_ids)
-        return TokenChoice(token)  # no logits, so no logprobs
+    def _next_tokens(self, slots: Sequence[int]) -> list[TokenChoice]:
+        """The host's part of a step: the sampler over the step's rows, then each row's token."""
+        for s in slots:
+            slot = self.slots[s]
+            if slot.position >= self.n_positions:
+                raise ValueError(f"slot position {slot.position} is past n_positions {self.n_positions}")
+        picks = self.sampler.sample(slots, self.logits[: len(slots)])
+        out = []
+        for s, pick in zip(slots, picks, strict=True):
+            slot = self.slots[s]
+            slot.position += 1
+            slot.generated += 1
+            if slot.generated == slot.eos_at:
+                token = self.eos_token_id
+            elif slot.request.sampling.do_sample:
+                token = self.vocab_ids[pick.token_id % len(self.vocab_ids)]
+            else:
+                token = slot.rng.choice(self.vocab_ids)
+            out.append(TokenChoice(token))  # no logits, so no logprobs
+        return out
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
-        """One single-row prefill per request, one after another."""
-        out = []
+        """One single-row prefill per request, one after another; then the host samples the
+        first token of every row at once."""
         for request in requests:
             if request.slot in self.slots:
                 raise ValueError(f"slot {request.slot} is occupied")
-            started = self.clock.now()
-            rng = random.Random(request_seed(request))
-            eos_at = None if request.ignore_eos else rng.randint(1, 2 * self.sim.mean_natural_tokens - 1)
-            slot = SimSlot(request, rng, eos_at, position=len(request.prompt_ids))
-            self.slots[request.slot] = slot
-            out.append(self._next_token(slot))
-            self._charge(started, self.profile.prefill_s(1, len(request.prompt_ids)))
-        return out
+        try:
+            for request in requests:
+                started = self.clock.now()
+                rng = random.Random(request_seed(request))
+                eos_at = None if request.ignore_eos else rng.randint(1, 2 * self.sim.mean_natural_tokens - 1)
+                self.slots[request.slot] = SimSlot(request, rng, eos_at, position=len(request.prompt_ids))
+                self.sampler.add(request)
+                self._charge(started, self.profile.prefill_s(1, len(request.prompt_ids)))
+            return self._next_tokens([r.slot for r in requests])
+        except BaseException:
+            for request in requests:
+                self.release(request.slot)
+            raise
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         started = self.clock.now()
         unknown = [s for s in slots if s not in self.slots]
         if unknown:
             raise ValueError(f"decode of slot(s) {unknown} that hold no sequence")
-        out = [self._next_token(self.slots[s]) for s in slots]
         rows = self.profile.batch_size if self.sim.charge == "compiled_batch" else len(slots)
         self._charge(started, self.profile.decode_s(rows))
-        return out
+        return self._next_tokens(slots)
 
     def release(self, slot: int) -> None:
         self.slots.pop(slot, None)
+        self.sampler.remove(slot)
 
 
 class SimBackend(Backend):
@@ -200,6 +241,10 @@ class SimBackend(Backend):
         clock = self.model.clock
         for _ in range(20):
             clock.sleep_until(clock.now() + 0.005)
+
+    @property
+    def sampling_s(self) -> float:
+        return self.model.sampler.last_s
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         return self.model.prefill(requests)

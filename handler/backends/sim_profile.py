@@ -8,6 +8,8 @@ published step times:
   latency p50); linear in between, extended linearly beyond the points.
 - `prefill_ms`: time of the context encoding (TTFT p50) by prompt tokens processed,
   rows x bucket length; linear in between and beyond.
+- `vocab_size`: the model's vocabulary; the sim samples each step from logits this wide,
+  so the host pays what it pays beside the device.
 
 Profiles are YAML files in `profiles/`, each naming its source.
 """
@@ -36,6 +38,7 @@ class Profile(BaseModel):
     source: str = Field(min_length=1)
     batch_size: int = Field(ge=1)
     n_positions: int = Field(ge=8)
+    vocab_size: int = Field(ge=2)
     context_buckets: tuple[int, ...] = Field(min_length=1)
     decode_step_ms: dict[int, float] = Field(min_length=1)
     prefill_ms: dict[int, float] = Field(min_length=1)

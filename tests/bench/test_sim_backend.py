@@ -98,3 +98,42 @@ def test_sim_without_its_section_fails_with_a_hint(tiny_model_dir):
     config = ServingConfig.from_model_yaml(raw)
     with pytest.raises(ConfigError, match=r"handler\.sim"):
         SimBackend(config.handler, tiny_model_dir, tiny_model_dir)
+
+
+def test_a_seeded_sampled_request_is_the_same_whatever_its_batch(tiny_model_dir, fake_clock):
+    """Sampled rows take the sampler's pick (its own per-request generator), so a seeded request's
+    tokens do not depend on its slot, its batch-mates or the batch size."""
+    backend = make_backend(tiny_model_dir, fake_clock)
+    params = {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "seed": 99}
+    alone = tokens_alone(backend, request(0, (5, 6, 7, 8), **params), 12)
+    mates = [request(s, (9, 10 + s), do_sample=True, temperature=1.1) for s in (0, 1, 3)]
+    backend.prefill(mates)
+    backend.decode([0, 1, 3])
+    joined = [backend.prefill([request(6, (5, 6, 7, 8), **params)])[0].token_id]
+    live = [0, 1, 3, 6]
+    for step in range(11):
+        if step == 4:  # the batch shrinks mid-way
+            backend.release(1)
+            live.remove(1)
+        joined.append(backend.decode(live)[live.index(6)].token_id)
+    assert joined == alone
+    assert len(set(alone)) > 3
+
+
+def test_the_host_sampler_runs_on_logits_as_wide_as_the_profiles_vocabulary(tiny_model_dir, fake_clock):
+    """Every step ends with one sampler call over [rows, profile vocab_size] logits: the host cost
+    the bench must see (greedy rows included: their argmax over the vocabulary)."""
+    for sampler in ("batched", "per_slot"):
+        backend = make_backend(tiny_model_dir, fake_clock, sampler=sampler)
+        calls = []
+        real = backend.model.sampler.sample
+
+        def spy(slots, logits, *args, real=real, calls=calls):
+            calls.append((list(slots), tuple(logits.shape)))
+            return real(slots, logits, *args)
+
+        backend.model.sampler.sample = spy
+        backend.prefill([request(0, (5, 6)), request(2, (7, 8), do_sample=True, top_p=0.9)])
+        backend.decode([0, 2])
+        vocab = backend.profile.vocab_size
+        assert calls == [([0, 2], (2, vocab)), ([0, 2], (2, vocab))], sampler

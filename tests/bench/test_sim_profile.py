@@ -11,6 +11,7 @@ def test_shipped_profiles_carry_the_published_numbers_and_their_source():
     p7, p13 = load_profile(PROFILE_7B), load_profile(PROFILE_13B)
     assert "latency_data_decoder.csv" in p7.source and "latency_data_decoder.csv" in p13.source
     assert (p7.batch_size, p7.n_positions, p13.batch_size) == (8, 4096, 8)
+    assert p7.vocab_size == p13.vocab_size == 32000  # Llama 2's tokenizer
     assert p7.decode_s(1) == pytest.approx(0.00647) and p7.decode_s(8) == pytest.approx(0.0121)
     assert p13.decode_s(1) == pytest.approx(0.00917) and p13.decode_s(8) == pytest.approx(0.0149)
     # TTFT at 128 input tokens, batch 1 and batch 8

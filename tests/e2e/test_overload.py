@@ -39,6 +39,7 @@ def slow_profile(path: Path) -> Path:
                 "source": "made up for tests/e2e/test_overload.py",
                 "batch_size": N_SLOTS,
                 "n_positions": 1024,
+                "vocab_size": 32000,
                 "context_buckets": [64, 128, 256, 512],
                 "decode_step_ms": {1: 40.0, 2: 50.0},
                 "prefill_ms": {128: 20.0},

@@ -186,3 +186,37 @@ def test_a_row_that_ends_early_closes_its_stream_before_its_batch_mates(server):
     assert short_done < halfway, (
         f"short row's finish line arrived {short_done - halfway:.3f} s after the long row's halfway line"
     )
+
+
+def test_greedy_text_is_the_models_own_greedy_generation(server, tiny_model_dir):
+    """The batched sampler changes no greedy token: the served text is what transformers'
+    `generate(do_sample=False)` makes of the same prompt (EOS suppressed on both sides)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True).float().eval()
+    prompt, n = "Once upon a time there was", 40
+    inputs = tokenizer(prompt, return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(
+            **inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, suppress_tokens=[tokenizer.eos_token_id]
+        )
+    want = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    body = {"prompt": prompt, "max_new_tokens": n, "ignore_eos": True, "stream": False}
+    got = post(server, body).json()
+    assert got["usage"]["completion_tokens"] == n
+    assert got["text"] == want
+
+
+def test_a_seeded_sampled_request_is_answered_alike_alone_and_among_others(server):
+    """Seeds keep their meaning through a real TorchServe: the same text whatever the batch-mates."""
+    seeded = {"prompt": "A seeded story", "max_new_tokens": 24, "ignore_eos": True, "stream": False}
+    seeded |= {"temperature": 0.8, "top_p": 0.9, "seed": 4321}
+    alone = post(server, seeded).json()["text"]
+    mates = [{"prompt": f"Mate {i}", "max_new_tokens": 30, "temperature": 1.2, "stream": False} for i in range(3)]
+    responses = concurrently(server, [mates[0], seeded, mates[1], mates[2]])
+    assert [r.status_code for r in responses] == [200] * 4
+    assert responses[1].json()["text"] == alone
+    other_seed = post(server, {**seeded, "seed": 4322}).json()["text"]
+    assert other_seed != alone  # it really samples

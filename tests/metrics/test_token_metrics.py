@@ -22,6 +22,8 @@ from handler.metrics import (
     PREFILL_STEP,
     QUEUE_WAIT,
     ROUND_TRIP,
+    STEP_DETOKENIZE,
+    STEP_SAMPLING,
     TTFT,
     WAITING,
     TokenMetrics,
@@ -133,7 +135,8 @@ def test_the_calls_are_valid_for_torchserves_metric_cache(caplog):
 
 def continuous_mode_metrics(metrics: TokenMetrics, ctx) -> None:
     metrics.request_finished(ctx, sequence(admitted=10.05))
-    metrics.engine_steps(ctx, [StepRecord(0.03, 0.01, 1, 3, 3, 2), StepRecord(None, 0.012, 0, 3, 3, 1)], 3, 1)
+    steps = [StepRecord(0.03, 0.01, 1, 3, 3, 2, 0.004, 0.001), StepRecord(None, 0.012, 0, 3, 3, 1, 0.002, 0.0005)]
+    metrics.engine_steps(ctx, steps, 3, 1)
     metrics.round_trip(ctx, 0.0015)
     metrics.cancelled(ctx)
 
@@ -149,6 +152,8 @@ def test_continuous_mode_metrics(clock):
     assert by_name[PREFILL_STEP.name] == [0.03] and by_name[DECODE_STEP.name] == [0.01, 0.012]
     assert (by_name[OCCUPIED.name], by_name[WAITING.name]) == ([3], [1])
     assert by_name[ROUND_TRIP.name] == [0.0015] and by_name[CANCELLED.name] == [1]
+    # the host's share of each step, by stage
+    assert by_name[STEP_SAMPLING.name] == [0.004, 0.002] and by_name[STEP_DETOKENIZE.name] == [0.001, 0.0005]
 
 
 def test_a_broken_metrics_object_never_fails_a_request():

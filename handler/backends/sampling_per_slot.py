@@ -1,12 +1,13 @@
-"""Per-slot token choice from logits, for the backends that produce logits (hf, neuronx).
+"""The per-slot sampler this project used before `sampling.BatchSampler`: a chain of
+transformers' logits processors run on one row at a time, each slot with its own generator.
 
-Every slot runs its own chain of transformers' logits processors and draws with its own
-`torch.Generator`, so a request's tokens do not depend on its batch-mates and a seeded
-request is reproducible. The sampler keeps the slot's token history (prompt + generated)
-for the repetition penalty.
+Kept only as the baseline the bench compares against (`scripts/bench_sampling.py`, and the
+sim backend's `sampler: per_slot`, for P8 and P2s): no production backend uses it.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from transformers import (
@@ -17,7 +18,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from handler.backends.base import PromptTokenLogprob, SlotRequest, TokenChoice
+from handler.backends.base import SlotRequest, TokenChoice
+from handler.backends.sampling import top_alternatives
 
 
 class SuppressTokens(LogitsProcessor):
@@ -76,30 +78,33 @@ class SlotSampler:
         if self.logprobs is None:
             return TokenChoice(token)
         logprobs = torch.log_softmax(scores, dim=-1)[0]
-        return TokenChoice(token, float(logprobs[token]), _top(logprobs, self.logprobs))
-
-
-def _top(logprobs: torch.Tensor, n: int) -> tuple[tuple[int, float], ...]:
-    """The n most likely (token id, logprob) of one position's [vocab] logprobs. The values are
-    the same float32 numbers the chosen token's logprob is read from, so a client comparing
-    them (lm-eval's is_greedy) compares equal floats."""
-    if n <= 0:
-        return ()
-    values, ids = torch.topk(logprobs, min(n, logprobs.shape[-1]))
-    return tuple((int(i), float(v)) for i, v in zip(ids, values, strict=False))
-
-
-def prompt_logprobs(logits: torch.Tensor, prompt_ids: tuple[int, ...], n_top: int) -> tuple[PromptTokenLogprob, ...]:
-    """Each prompt token's logprob under the model's own log-softmax (no sampling processor
-    applies to a prompt): `logits` [T or more, vocab] are a prefill's per-position logits,
-    row i predicting token i + 1. The first token has nothing before it: None."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    out = [PromptTokenLogprob(prompt_ids[0], None)]
-    for position, token in enumerate(prompt_ids[1:]):
-        row = logprobs[position]
-        out.append(PromptTokenLogprob(token, float(row[token]), _top(row, n_top)))
-    return tuple(out)
+        return TokenChoice(token, float(logprobs[token]), top_alternatives(logprobs, self.logprobs))
 
 
 # Processors other than the repetition penalty ignore input_ids; a 1x0 tensor keeps them happy.
 _NO_IDS = torch.zeros((1, 0), dtype=torch.long)
+
+
+class PerSlotSampler:
+    """`BatchSampler`'s interface over one `SlotSampler` per slot, row after row."""
+
+    def __init__(self, n_slots: int, eos_token_ids: frozenset[int] | set[int], n_positions: int) -> None:
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._slots: dict[int, SlotSampler] = {}
+        self.last_s = 0.0
+
+    def add(self, request: SlotRequest) -> None:
+        self._slots[request.slot] = SlotSampler(request, self.eos_token_ids)
+
+    def remove(self, slot: int) -> None:
+        self._slots.pop(slot, None)
+
+    def __contains__(self, slot: int) -> bool:
+        return slot in self._slots
+
+    def sample(self, slots, logits: torch.Tensor, vocab_size: int | None = None) -> list[TokenChoice]:
+        started = time.perf_counter()
+        vocab = vocab_size or logits.shape[-1]
+        out = [self._slots[slot].pick(row[:vocab]) for slot, row in zip(slots, logits, strict=True)]
+        self.last_s = time.perf_counter() - started
+        return out

@@ -1,0 +1,368 @@
+"""Token choice for every row of a step in one vectorized pass (the backends with logits:
+hf, neuronx, and sim on its stand-in logits).
+
+Per step, over the `[rows, vocab]` logits of the rows in that step:
+- repetition penalty (transformers' rule: a seen token's score is divided by the penalty when
+  positive, multiplied when negative), gathered and scattered over a per-slot history tensor
+  kept here, for the rows that ask for it;
+- EOS suppression (`ignore_eos`) by one masked fill;
+- greedy rows: one argmax;
+- sampled rows: temperature, then top-k and top-p on the softmax, then one uniform draw per
+  row picked by inverse CDF over the kept tokens in descending probability order (ties by
+  token id). The kept set is found among a few candidates (`torch.topk`); a row whose kept
+  set, or whose pick, reaches past the candidates goes to a larger candidate set and, last,
+  to the full sort. Every path gives the token the exact full-vocabulary computation gives
+  for the same draw (`choose_sorted` is that computation on any sorted prefix).
+
+Seeds: each slot draws from its own `torch.Generator` (the request's seed, or a random one),
+one float per sampled step, so a request's tokens do not depend on its batch-mates or on the
+batch size. Logprobs are those of the distribution the token was drawn from (after penalty,
+temperature, top-k and top-p; a greedy row gets the model's own log-softmax).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from handler.backends.base import PromptTokenLogprob, SlotRequest, TokenChoice
+
+# Candidate set sizes tried in turn before the full sort. A model's top-p 0.9 nucleus is
+# usually a few dozen tokens; topk(64) over 128,256 logits costs a fifth of topk(1024).
+CANDIDATE_TIERS = (64, 1024)
+# Rows are scanned in blocks of this many tokens: a block's max is one vectorized reduction,
+# and only the best blocks are searched further (argmax and topk over a whole 128,256-token
+# row are 4-6x slower than amax over it).
+BLOCK = 64
+
+
+@dataclass
+class _SlotState:
+    do_sample: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    penalty: float
+    ignore_eos: bool
+    logprobs: int | None
+    generator: torch.Generator
+    history_len: int = 0  # tokens in the slot's history row (penalty only)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The outcome of `choose_sorted` for a batch of rows, each tensor [rows]."""
+
+    position: torch.Tensor  # index of the chosen token in the sorted order
+    kept: torch.Tensor  # how many leading sorted tokens top-k / top-p keep
+    mass: torch.Tensor  # their total probability (the renormalizer)
+    resolved: torch.Tensor  # False: the answer lies beyond the given prefix
+
+
+def choose_sorted(
+    probs: torch.Tensor,
+    safe: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    draws: torch.Tensor,
+    vocab: int,
+) -> Chosen:
+    """Top-k, top-p and the inverse-CDF pick on probabilities sorted in descending order.
+
+    `probs` [rows, C] is a prefix of each row's full sorted distribution; only its first
+    `safe` [rows] entries are known to be exactly that prefix (ties past them may be missing).
+    `top_k` 0 and `top_p` 1 mean off. Top-p keeps a token when the mass of the tokens before
+    it is below top_p (transformers' TopPLogitsWarper, in descending terms), after top-k.
+    The pick is the first kept token whose cumulative mass exceeds draw x kept mass. With the
+    whole vocabulary (C = vocab) every row is resolved."""
+    rows, width = probs.shape
+    cumulative = probs.cumsum(-1)
+    before = torch.cat([probs.new_zeros(rows, 1), cumulative[:, :-1]], dim=1)  # exact c[j-1]
+    positions = torch.arange(width).expand(rows, width)
+    k_on = (top_k > 0) & (top_k < vocab)
+    k_eff = torch.where(k_on, top_k, torch.full_like(top_k, vocab))
+    k_known = ~k_on | (k_eff <= safe)
+    # Mass of the top-k tokens: top-p renormalizes inside it; without top-k it is the whole (1).
+    k_index = (torch.minimum(k_eff, safe) - 1).clamp(min=0)
+    k_mass = torch.where(k_on, cumulative.gather(1, k_index[:, None])[:, 0], torch.ones_like(top_p))
+    p_on = top_p < 1.0
+    keep = (positions < k_eff[:, None]) & (positions < safe[:, None])
+    keep &= ~p_on[:, None] | (before < (top_p * k_mass)[:, None])
+    kept = keep.sum(-1)
+    # The kept set ends inside the known prefix, or is exactly the top-k inside it.
+    set_known = k_known & ((p_on & ((kept < safe) | (k_on & (kept == k_eff)))) | (~p_on & k_on))
+    set_known |= safe >= vocab
+    last = (kept - 1).clamp(min=0)
+    mass = torch.where(p_on, cumulative.gather(1, last[:, None])[:, 0], k_mass)
+    below = (cumulative <= (draws * mass)[:, None]) & keep
+    position = torch.minimum(below.sum(-1), last)
+    # Without top-k or top-p (mass 1) the pick is known once some known token passes the draw.
+    pick_known = ~p_on & ~k_on & (below.sum(-1) < kept)
+    return Chosen(position, kept, mass, set_known | pick_known)
+
+
+def sorted_candidates(probs: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The `count` most likely tokens of each row, in descending probability, ties by token
+    id (as a stable full sort orders them), and how many of them are certainly that prefix
+    (those above the smallest candidate: a tie with it may have been left out)."""
+    vocab = probs.shape[-1]
+    if count >= vocab:
+        values, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+        return values, ids, torch.full((probs.shape[0],), vocab, dtype=torch.long)
+    values, ids = _topk(probs, count)
+    by_id = ids.argsort(dim=-1)
+    ids, values = ids.gather(1, by_id), values.gather(1, by_id)
+    values, order = torch.sort(values, dim=-1, descending=True, stable=True)
+    ids = ids.gather(1, order)
+    safe = (values > values[:, -1:]).sum(-1)
+    return values, ids, safe
+
+
+def _blocks(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's whole blocks of BLOCK tokens [rows, blocks, BLOCK] and their maxima."""
+    rows, vocab = scores.shape
+    whole = scores[:, : vocab // BLOCK * BLOCK].view(rows, vocab // BLOCK, BLOCK)
+    return whole, whole.amax(dim=-1)
+
+
+def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
+    """`scores.argmax(-1)` (the first maximum on ties), by the best block of each row."""
+    rows, vocab = scores.shape
+    if vocab < 16 * BLOCK:
+        return scores.argmax(dim=-1)
+    whole, maxima = _blocks(scores)
+    block = maxima.argmax(dim=-1)
+    best = block * BLOCK + whole[torch.arange(rows), block].argmax(dim=-1)
+    tail_start = whole.shape[1] * BLOCK
+    if tail_start < vocab:  # the last partial block: ahead only when strictly larger (later ids)
+        tail_max, tail_at = scores[:, tail_start:].max(dim=-1)
+        best = torch.where(tail_max > maxima.gather(1, block[:, None])[:, 0], tail_at + tail_start, best)
+    return best
+
+
+def _topk(probs: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.topk(probs, count)` (the order of ties aside): the `count` largest values lie in
+    the `count` blocks with the largest maxima, so only those blocks are searched."""
+    rows, vocab = probs.shape
+    if count * BLOCK * 4 > vocab:
+        return torch.topk(probs, count, dim=-1)
+    whole, maxima = _blocks(probs)
+    _, blocks = torch.topk(maxima, count, dim=-1)
+    ids = (blocks[:, :, None] * BLOCK + torch.arange(BLOCK)).reshape(rows, -1)
+    tail_start = whole.shape[1] * BLOCK
+    if tail_start < vocab:
+        ids = torch.cat([ids, torch.arange(tail_start, vocab).expand(rows, -1)], dim=1)
+    values, at = torch.topk(probs.gather(1, ids), count, dim=-1)
+    return values, ids.gather(1, at)
+
+
+class BatchSampler:
+    """Picks the next token of every row of a step; one instance per backend, `add` when a
+    slot is prefilled, `remove` when it is released. Not thread-safe (the engine calls a
+    backend from one thread at a time)."""
+
+    def __init__(self, n_slots: int, eos_token_ids: frozenset[int] | set[int], n_positions: int) -> None:
+        self.n_slots = n_slots
+        self.eos_token_ids = torch.tensor(sorted(eos_token_ids), dtype=torch.long)
+        self._slots: dict[int, _SlotState] = {}
+        self._history = torch.zeros((n_slots, max(n_positions, 1) + 1), dtype=torch.long)
+        self._workspace = _Workspace()
+        self.last_s = 0.0  # host seconds the last `sample` call took
+
+    # -- slots ---------------------------------------------------------------------------
+    def add(self, request: SlotRequest) -> None:
+        params = request.sampling
+        generator = torch.Generator()
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+        state = _SlotState(
+            do_sample=params.do_sample,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            penalty=params.repetition_penalty,
+            ignore_eos=request.ignore_eos and len(self.eos_token_ids) > 0,
+            logprobs=request.logprobs,
+            generator=generator,
+        )
+        if state.penalty != 1.0:
+            prompt = torch.tensor(request.prompt_ids, dtype=torch.long)
+            self._reserve(len(prompt) + 1)
+            # Past its length the row repeats a token it holds, so a gather/scatter over a
+            # wider span than the row is harmless (the same value written twice).
+            self._history[request.slot].fill_(int(prompt[0]) if len(prompt) else 0)
+            self._history[request.slot, : len(prompt)] = prompt
+            state.history_len = len(prompt)
+        self._slots[request.slot] = state
+
+    def remove(self, slot: int) -> None:
+        self._slots.pop(slot, None)
+
+    def __contains__(self, slot: int) -> bool:
+        return slot in self._slots
+
+    # -- one step ------------------------------------------------------------------------
+    def sample(self, slots: Sequence[int], logits: torch.Tensor, vocab_size: int | None = None) -> list[TokenChoice]:
+        """The token of each row: `logits` [len(slots), >= vocab] (columns past `vocab_size`
+        are padding and ignored). The input is never modified."""
+        started = time.perf_counter()
+        states = [self._slots[slot] for slot in slots]
+        vocab = vocab_size or logits.shape[-1]
+        scores = logits[:, :vocab]
+        penalized = [i for i, s in enumerate(states) if s.penalty != 1.0]
+        suppressed = [i for i, s in enumerate(states) if s.ignore_eos]
+        if penalized or suppressed or scores.dtype != torch.float32:
+            scores = self._workspace.get("scores", len(states), vocab).copy_(scores)
+            if penalized:
+                self._penalize(scores, [slots[i] for i in penalized], penalized, states)
+            if suppressed:
+                ids = self.eos_token_ids[self.eos_token_ids < vocab]
+                scores[torch.tensor(suppressed)[:, None], ids[None, :]] = float("-inf")
+        tokens = [0] * len(states)
+        logprobs: list[tuple[float, tuple[tuple[int, float], ...]] | None] = [None] * len(states)
+        greedy = [i for i, s in enumerate(states) if not s.do_sample]
+        sampled = [i for i, s in enumerate(states) if s.do_sample]
+        if greedy:
+            self._greedy(scores, greedy, states, tokens, logprobs)
+        if sampled:
+            self._sampled(scores, sampled, states, tokens, logprobs)
+        for slot, state, token in zip(slots, states, tokens, strict=True):
+            if state.penalty != 1.0:
+                self._remember(slot, state, token)
+        self.last_s = time.perf_counter() - started
+        return [
+            TokenChoice(token) if lp is None else TokenChoice(token, lp[0], lp[1])
+            for token, lp in zip(tokens, logprobs, strict=True)
+        ]
+
+    def _rows(self, scores: torch.Tensor, rows: list[int], name: str) -> torch.Tensor:
+        """The given rows of `scores`: the tensor itself when it is all of them, else a copy in
+        a reused buffer (a fresh [rows, vocab] tensor each step costs more than the math)."""
+        if len(rows) == scores.shape[0]:
+            return scores
+        out = self._workspace.get(name, len(rows), scores.shape[1])
+        return torch.index_select(scores, 0, torch.tensor(rows), out=out)
+
+    def _greedy(self, scores, rows, states, tokens, logprobs) -> None:
+        block = self._rows(scores, rows, "greedy")
+        picked = argmax_rows(block).tolist()
+        for i, token in zip(rows, picked, strict=True):
+            tokens[i] = token
+        asking = [j for j, i in enumerate(rows) if states[i].logprobs is not None]
+        if asking:
+            lp = torch.log_softmax(block[torch.tensor(asking)], dim=-1)
+            for r, j in enumerate(asking):
+                i = rows[j]
+                logprobs[i] = (float(lp[r, tokens[i]]), top_alternatives(lp[r], states[i].logprobs or 0))
+
+    def _sampled(self, scores, rows, states, tokens, logprobs) -> None:
+        vocab = scores.shape[-1]
+        chosen_states = [states[i] for i in rows]
+        temperature = torch.tensor([s.temperature for s in chosen_states], dtype=torch.float32)
+        scaled = self._workspace.get("scaled", len(rows), vocab)
+        torch.div(self._rows(scores, rows, "scaled"), temperature[:, None], out=scaled)
+        probs = _softmax_into(scaled, self._workspace.get("probs", len(rows), vocab))
+        top_k = torch.tensor([s.top_k for s in chosen_states], dtype=torch.long)
+        top_p = torch.tensor([s.top_p for s in chosen_states], dtype=torch.float32)
+        draws = torch.cat([torch.rand(1, generator=s.generator) for s in chosen_states])
+        pending = torch.arange(len(rows))
+        for count in (*CANDIDATE_TIERS, vocab):
+            sub = probs if len(pending) == len(rows) else probs[pending]
+            values, ids, safe = sorted_candidates(sub, min(count, vocab))
+            result = choose_sorted(values, safe, top_k[pending], top_p[pending], draws[pending], vocab)
+            done = result.resolved.nonzero()[:, 0]
+            self._emit(pending[done], values[done], ids[done], result, done, rows, states, tokens, logprobs)
+            pending = pending[~result.resolved]
+            if len(pending) == 0:
+                return
+        raise AssertionError("the full sort resolves every row")  # choose_sorted's contract
+
+    @staticmethod
+    def _emit(which, values, ids, result: Chosen, done, rows, states, tokens, logprobs) -> None:
+        position = result.position[done]
+        picked = ids.gather(1, position[:, None])[:, 0].tolist()
+        for r, (w, token) in enumerate(zip(which.tolist(), picked, strict=True)):
+            i = rows[w]
+            tokens[i] = token
+            n = states[i].logprobs
+            if n is None:
+                continue
+            kept = int(result.kept[done[r]])
+            lp = torch.log(values[r, :kept] / result.mass[done[r]])
+            alternatives = tuple(
+                (int(t), float(v)) for t, v in zip(ids[r, : min(n, kept)], lp[: min(n, kept)], strict=True)
+            )
+            logprobs[i] = (float(lp[int(position[r])]), alternatives)
+
+    def _penalize(self, scores, slots, rows, states) -> None:
+        """In place, on the penalized rows' seen tokens only: [rows, history] gathers, no
+        [rows, vocab] temporaries."""
+        width = max(states[i].history_len for i in rows)
+        history = self._history[torch.tensor(slots), :width]
+        row_index = torch.tensor(rows)[:, None].expand(-1, width)
+        penalty = torch.tensor([states[i].penalty for i in rows], dtype=torch.float32)[:, None]
+        seen = scores[row_index, history]
+        scores[row_index, history] = torch.where(seen < 0, seen * penalty, seen / penalty)
+
+    def _remember(self, slot: int, state: _SlotState, token: int) -> None:
+        self._reserve(state.history_len + 1)
+        self._history[slot, state.history_len] = token
+        state.history_len += 1
+
+    def _reserve(self, length: int) -> None:
+        """Room for `length` tokens per history row (a request past n_positions is refused
+        elsewhere; this only keeps the sampler from failing first)."""
+        width = self._history.shape[1]
+        if length > width:
+            grown = torch.zeros((self.n_slots, max(length, 2 * width)), dtype=torch.long)
+            grown[:, :width] = self._history
+            grown[:, width:] = self._history[:, :1]
+            self._history = grown
+
+
+class _Workspace:
+    """Named float32 buffers reused from step to step, grown when a step needs more."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, rows: int, columns: int) -> torch.Tensor:
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < rows * columns:
+            buffer = self._buffers[name] = torch.empty(rows * columns, dtype=torch.float32)
+        return buffer[: rows * columns].view(rows, columns)
+
+
+def _softmax_into(scores: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """softmax(scores) written into `out` (the public softmax has no `out=`; the aten op has)."""
+    try:
+        return torch.ops.aten._softmax.out(scores, -1, False, out=out)
+    except (AttributeError, RuntimeError):  # an aten without the out variant: allocate
+        return torch.softmax(scores, dim=-1)
+
+
+def top_alternatives(logprobs: torch.Tensor, n: int) -> tuple[tuple[int, float], ...]:
+    """The n most likely (token id, logprob) of one position's [vocab] logprobs. The values are
+    the same float32 numbers the chosen token's logprob is read from, so a client comparing
+    them (lm-eval's is_greedy) compares equal floats."""
+    if n <= 0:
+        return ()
+    values, ids = torch.topk(logprobs, min(n, logprobs.shape[-1]))
+    return tuple((int(i), float(v)) for i, v in zip(ids, values, strict=False))
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt_ids: tuple[int, ...], n_top: int) -> tuple[PromptTokenLogprob, ...]:
+    """Each prompt token's logprob under the model's own log-softmax (no sampling processor
+    applies to a prompt): `logits` [T or more, vocab] are a prefill's per-position logits,
+    row i predicting token i + 1. The first token has nothing before it: None."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    out = [PromptTokenLogprob(prompt_ids[0], None)]
+    for position, token in enumerate(prompt_ids[1:]):
+        row = logprobs[position]
+        out.append(PromptTokenLogprob(token, float(row[token]), top_alternatives(row, n_top)))
+    return tuple(out)
