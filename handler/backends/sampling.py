@@ -14,7 +14,7 @@ Per step, over the `[rows, vocab]` logits of the rows in that step:
   to the full sort. Every path gives the token the exact full-vocabulary computation gives
   for the same draw (`choose_sorted` is that computation on any sorted prefix).
 
-Seeds: each slot draws from its own `torch.Generator` (the request's seed, or a random one),
+Seeds: each slot draws from its own `random.Random` (the request's seed, or a random one),
 one float per sampled step, so a request's tokens do not depend on its batch-mates or on the
 batch size. Logprobs are those of the distribution the token was drawn from (after penalty,
 temperature, top-k and top-p; a greedy row gets the model's own log-softmax).
@@ -22,10 +22,12 @@ temperature, top-k and top-p; a greedy row gets the model's own log-softmax).
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from handler.backends.base import PromptTokenLogprob, SlotRequest, TokenChoice
@@ -48,26 +50,26 @@ class _SlotState:
     penalty: float
     ignore_eos: bool
     logprobs: int | None
-    generator: torch.Generator
+    draws: random.Random  # one uniform float per sampled step, from the request's seed
     history_len: int = 0  # tokens in the slot's history row (penalty only)
 
 
 @dataclass(frozen=True)
 class Chosen:
-    """The outcome of `choose_sorted` for a batch of rows, each tensor [rows]."""
+    """The outcome of `choose_sorted` for a batch of rows, each array [rows]."""
 
-    position: torch.Tensor  # index of the chosen token in the sorted order
-    kept: torch.Tensor  # how many leading sorted tokens top-k / top-p keep
-    mass: torch.Tensor  # their total probability (the renormalizer)
-    resolved: torch.Tensor  # False: the answer lies beyond the given prefix
+    position: np.ndarray  # index of the chosen token in the sorted order
+    kept: np.ndarray  # how many leading sorted tokens top-k / top-p keep
+    mass: np.ndarray  # their total probability (the renormalizer), float64
+    resolved: np.ndarray  # False: the answer lies beyond the given prefix
 
 
 def choose_sorted(
-    probs: torch.Tensor,
-    safe: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    draws: torch.Tensor,
+    probs: np.ndarray,
+    safe: np.ndarray,
+    top_k: np.ndarray,
+    top_p: np.ndarray,
+    draws: np.ndarray,
     vocab: int,
 ) -> Chosen:
     """Top-k, top-p and the inverse-CDF pick on probabilities sorted in descending order.
@@ -76,48 +78,48 @@ def choose_sorted(
     `safe` [rows] entries are known to be exactly that prefix (ties past them may be missing).
     `top_k` 0 and `top_p` 1 mean off. Top-p keeps a token when the mass of the tokens before
     it is below top_p (transformers' TopPLogitsWarper, in descending terms), after top-k.
-    The pick is the first kept token whose cumulative mass exceeds draw x kept mass. With the
-    whole vocabulary (C = vocab) every row is resolved."""
-    rows, width = probs.shape
-    cumulative = probs.cumsum(-1)
-    before = torch.cat([probs.new_zeros(rows, 1), cumulative[:, :-1]], dim=1)  # exact c[j-1]
-    positions = torch.arange(width).expand(rows, width)
+    The pick is the first kept token whose cumulative mass exceeds draw x kept mass. Masses
+    are summed in float64, in order. With the whole vocabulary (C = vocab) every row is
+    resolved. numpy, not torch: on [rows, 64] arrays the per-call overhead is the cost."""
+    width = probs.shape[1]
+    cumulative = np.cumsum(probs, axis=1, dtype=np.float64)
+    before = np.zeros_like(cumulative)
+    before[:, 1:] = cumulative[:, :-1]
+    positions = np.arange(width)[None, :]
     k_on = (top_k > 0) & (top_k < vocab)
-    k_eff = torch.where(k_on, top_k, torch.full_like(top_k, vocab))
+    k_eff = np.where(k_on, top_k, vocab)
     k_known = ~k_on | (k_eff <= safe)
     # Mass of the top-k tokens: top-p renormalizes inside it; without top-k it is the whole (1).
-    k_index = (torch.minimum(k_eff, safe) - 1).clamp(min=0)
-    k_mass = torch.where(k_on, cumulative.gather(1, k_index[:, None])[:, 0], torch.ones_like(top_p))
+    k_index = np.maximum(np.minimum(k_eff, safe) - 1, 0)
+    k_mass = np.where(k_on, np.take_along_axis(cumulative, k_index[:, None], axis=1)[:, 0], 1.0)
     p_on = top_p < 1.0
     keep = (positions < k_eff[:, None]) & (positions < safe[:, None])
     keep &= ~p_on[:, None] | (before < (top_p * k_mass)[:, None])
-    kept = keep.sum(-1)
+    kept = keep.sum(axis=1)
     # The kept set ends inside the known prefix, or is exactly the top-k inside it.
     set_known = k_known & ((p_on & ((kept < safe) | (k_on & (kept == k_eff)))) | (~p_on & k_on))
     set_known |= safe >= vocab
-    last = (kept - 1).clamp(min=0)
-    mass = torch.where(p_on, cumulative.gather(1, last[:, None])[:, 0], k_mass)
-    below = (cumulative <= (draws * mass)[:, None]) & keep
-    position = torch.minimum(below.sum(-1), last)
+    last = np.maximum(kept - 1, 0)
+    mass = np.where(p_on, np.take_along_axis(cumulative, last[:, None], axis=1)[:, 0], k_mass)
+    passed = ((cumulative <= (draws * mass)[:, None]) & keep).sum(axis=1)
+    position = np.minimum(passed, last)
     # Without top-k or top-p (mass 1) the pick is known once some known token passes the draw.
-    pick_known = ~p_on & ~k_on & (below.sum(-1) < kept)
+    pick_known = ~p_on & ~k_on & (passed < kept)
     return Chosen(position, kept, mass, set_known | pick_known)
 
 
-def sorted_candidates(probs: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sorted_candidates(probs: torch.Tensor, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The `count` most likely tokens of each row, in descending probability, ties by token
     id (as a stable full sort orders them), and how many of them are certainly that prefix
     (those above the smallest candidate: a tie with it may have been left out)."""
-    vocab = probs.shape[-1]
+    rows, vocab = probs.shape
     if count >= vocab:
         values, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
-        return values, ids, torch.full((probs.shape[0],), vocab, dtype=torch.long)
-    values, ids = _topk(probs, count)
-    by_id = ids.argsort(dim=-1)
-    ids, values = ids.gather(1, by_id), values.gather(1, by_id)
-    values, order = torch.sort(values, dim=-1, descending=True, stable=True)
-    ids = ids.gather(1, order)
-    safe = (values > values[:, -1:]).sum(-1)
+        return values.numpy(), ids.numpy(), np.full(rows, vocab)
+    values, ids = (t.numpy() for t in _topk(probs, count))
+    order = np.lexsort((ids, -values), axis=-1)  # by probability, then by id
+    values, ids = np.take_along_axis(values, order, axis=1), np.take_along_axis(ids, order, axis=1)
+    safe = (values > values[:, -1:]).sum(axis=1)
     return values, ids, safe
 
 
@@ -175,11 +177,6 @@ class BatchSampler:
     # -- slots ---------------------------------------------------------------------------
     def add(self, request: SlotRequest) -> None:
         params = request.sampling
-        generator = torch.Generator()
-        if params.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(params.seed)
         state = _SlotState(
             do_sample=params.do_sample,
             temperature=params.temperature,
@@ -188,7 +185,7 @@ class BatchSampler:
             penalty=params.repetition_penalty,
             ignore_eos=request.ignore_eos and len(self.eos_token_ids) > 0,
             logprobs=request.logprobs,
-            generator=generator,
+            draws=random.Random(params.seed),  # None: seeded from the OS
         )
         if state.penalty != 1.0:
             prompt = torch.tensor(request.prompt_ids, dtype=torch.long)
@@ -262,42 +259,28 @@ class BatchSampler:
 
     def _sampled(self, scores, rows, states, tokens, logprobs) -> None:
         vocab = scores.shape[-1]
-        chosen_states = [states[i] for i in rows]
-        temperature = torch.tensor([s.temperature for s in chosen_states], dtype=torch.float32)
+        chosen = [states[i] for i in rows]
+        temperature = torch.tensor([[s.temperature] for s in chosen], dtype=torch.float32)
         scaled = self._workspace.get("scaled", len(rows), vocab)
-        torch.div(self._rows(scores, rows, "scaled"), temperature[:, None], out=scaled)
+        torch.div(self._rows(scores, rows, "scaled"), temperature, out=scaled)
         probs = _softmax_into(scaled, self._workspace.get("probs", len(rows), vocab))
-        top_k = torch.tensor([s.top_k for s in chosen_states], dtype=torch.long)
-        top_p = torch.tensor([s.top_p for s in chosen_states], dtype=torch.float32)
-        draws = torch.cat([torch.rand(1, generator=s.generator) for s in chosen_states])
-        pending = torch.arange(len(rows))
+        top_k = np.array([s.top_k for s in chosen])
+        top_p = np.array([s.top_p for s in chosen], dtype=np.float64)
+        draws = np.array([s.draws.random() for s in chosen])
+        pending = np.arange(len(rows))
         for count in (*CANDIDATE_TIERS, vocab):
-            sub = probs if len(pending) == len(rows) else probs[pending]
+            sub = probs if len(pending) == len(rows) else probs[torch.from_numpy(pending)]
             values, ids, safe = sorted_candidates(sub, min(count, vocab))
             result = choose_sorted(values, safe, top_k[pending], top_p[pending], draws[pending], vocab)
-            done = result.resolved.nonzero()[:, 0]
-            self._emit(pending[done], values[done], ids[done], result, done, rows, states, tokens, logprobs)
+            for r in np.flatnonzero(result.resolved):
+                i = rows[pending[r]]
+                tokens[i] = int(ids[r, result.position[r]])
+                if states[i].logprobs is not None:
+                    logprobs[i] = _kept_logprobs(values[r], ids[r], result, r, states[i].logprobs)
             pending = pending[~result.resolved]
             if len(pending) == 0:
                 return
         raise AssertionError("the full sort resolves every row")  # choose_sorted's contract
-
-    @staticmethod
-    def _emit(which, values, ids, result: Chosen, done, rows, states, tokens, logprobs) -> None:
-        position = result.position[done]
-        picked = ids.gather(1, position[:, None])[:, 0].tolist()
-        for r, (w, token) in enumerate(zip(which.tolist(), picked, strict=True)):
-            i = rows[w]
-            tokens[i] = token
-            n = states[i].logprobs
-            if n is None:
-                continue
-            kept = int(result.kept[done[r]])
-            lp = torch.log(values[r, :kept] / result.mass[done[r]])
-            alternatives = tuple(
-                (int(t), float(v)) for t, v in zip(ids[r, : min(n, kept)], lp[: min(n, kept)], strict=True)
-            )
-            logprobs[i] = (float(lp[int(position[r])]), alternatives)
 
     def _penalize(self, scores, slots, rows, states) -> None:
         """In place, on the penalized rows' seen tokens only: [rows, history] gathers, no
@@ -336,6 +319,16 @@ class _Workspace:
         if buffer is None or buffer.numel() < rows * columns:
             buffer = self._buffers[name] = torch.empty(rows * columns, dtype=torch.float32)
         return buffer[: rows * columns].view(rows, columns)
+
+
+def _kept_logprobs(
+    values: np.ndarray, ids: np.ndarray, result: Chosen, r: int, n: int
+) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """A sampled row's logprob and alternatives: the kept tokens, renormalized."""
+    kept = int(result.kept[r])
+    lp = np.log(values[:kept].astype(np.float64) / result.mass[r])
+    top = min(n, kept)
+    return float(lp[result.position[r]]), tuple((int(t), float(v)) for t, v in zip(ids[:top], lp[:top], strict=True))
 
 
 def _softmax_into(scores: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,8 @@ from tests.bench.conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 
-P_LINE = re.compile(r"P\d \d+\.\d\d  goal [<>]= [\d.]+ (met|NOT met)  = .+ / .+")
+P_LINE = re.compile(r"P\d[a-z-]* \d+\.\d\d  goal [<>]= [\d.]+ (met|NOT met)  = .+ / .+")
+RATIOS = ["P1", "P2", "P3", "P4", "P2s", "P8a", "P8a-greedy", "P8b", "P8b-greedy"]
 
 
 def check_mode_results(mode: dict, counts: list[int], output_tokens: int) -> None:
@@ -44,10 +45,12 @@ def test_bench_suite_runs_both_modes_on_a_tiny_load(tiny_model_dir, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=460)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    last = proc.stdout.strip().splitlines()[-4:]
-    assert [line.split()[0] for line in last] == ["P1", "P2", "P3", "P4"]
+    last = proc.stdout.strip().splitlines()[-len(RATIOS) :]
+    assert [line.split()[0] for line in last] == RATIOS
     assert all(P_LINE.fullmatch(line) for line in last), last
+    assert all("(per-slot sampler: " in line for line in last[4:])  # P2s and P8 with the old sampler's figure
     assert "TTFT ms p50/p90/p99" in proc.stdout and "limit TTFT" in proc.stdout
+    assert "host sampling per step" in proc.stdout and "llm_step_sampling_seconds" in proc.stdout
 
     result = json.loads(out.with_suffix(".json").read_text())
     assert set(result["modes"]) == {"continuous", "static"}
@@ -57,11 +60,14 @@ def test_bench_suite_runs_both_modes_on_a_tiny_load(tiny_model_dir, tmp_path):
     assert continuous["continuousBatching"] is True and continuous["scheduler"]["mode"] == "continuous"
     assert "continuousBatching" not in result["modes"]["static"]["config"]
     meta = result["meta"]
-    assert set(meta["ratios"]) == {"P1", "P2", "P3", "P4"}
+    assert set(meta["ratios"]) == set(RATIOS)
+    sampled = result["modes"]["continuous"]
+    for key in ("sampled", "sampled_per_slot"):  # P2s's loads: every request sampled, both samplers
+        assert sampled[key]["requests_ok"] == 8 and sampled[key]["requests_failed"] == 0
     assert meta["reference"]["step_1_ms"] == pytest.approx(6.47 / 2)
     assert meta["capacity_req_per_s"] > 0
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for mode in ("continuous", "static"):
+    for mode in ("continuous", "static", "per-slot"):
         server_out = (tmp_path / "work" / "sim" / mode / "torchserve.out").read_text()
         assert "StatusLogger" not in server_out, server_out[:2000]  # serving/log4j2.xml was accepted
         assert (tmp_path / "work" / "sim" / mode / "logs" / "ts_log.log").exists()
@@ -111,18 +117,22 @@ def test_suite_end_to_end_against_a_stand_in_server(tmp_path, monkeypatch, capsy
         shape = des.Shape(100, 128, 10, seed=7)
         return [des.run(profile, policy, des.Load(x.kind, x.requests, x.streams, x.rate), shape, x.name) for x in loads]
 
-    monkeypatch.setattr(bench_suite.bench_server, "start", start)
+    real_measure = bench_suite.bench_sampling.measure
     monkeypatch.setattr(bench_suite, "run_all", run_all)
+    monkeypatch.setattr(bench_suite.bench_server, "start", start)
+    monkeypatch.setattr(bench_suite.bench_sampling, "measure", lambda **_: real_measure(1, 1, flat=False))
     monkeypatch.setattr(bench_suite, "PromptMaker", lambda *a, **k: None)
     out = tmp_path / "bench-sim"
     bench_suite.main(["--out", str(out), "--workdir", str(tmp_path), "--des-requests", "500", "--no-progress"])
 
     text = capsys.readouterr().out
     lines = text.strip().splitlines()
-    assert [line.split()[0] for line in lines[-4:]] == ["P1", "P2", "P3", "P4"]
-    assert all(P_LINE.fullmatch(line) for line in lines[-4:])
+    assert [line.split()[0] for line in lines[-len(RATIOS) :]] == RATIOS
+    assert all(P_LINE.fullmatch(line) for line in lines[-len(RATIOS) :])
     assert "capacity 4.552 req/s" in text and "knee:" in text
-    assert [c["scheduler"]["mode"] for c in started] == ["continuous", "static"]
+    # continuous, the per-slot sampler's server for P2s's baseline, then static
+    assert [c["scheduler"]["mode"] for c in started] == ["continuous", "continuous", "static"]
+    assert [c["handler"]["sim"].get("sampler") for c in started] == [None, "per_slot", None]
     assert started[0]["continuousBatching"] is True and started[0]["batchSize"] == 16
 
     result = json.loads(out.with_suffix(".json").read_text())
@@ -130,6 +140,9 @@ def test_suite_end_to_end_against_a_stand_in_server(tmp_path, monkeypatch, capsy
     assert meta["ratios"]["P1"] == pytest.approx(1.03)
     assert meta["ratios"]["P2"] == pytest.approx(1 / 1.03, rel=0.01)
     assert meta["ratios"]["P4"] > 10
+    assert meta["ratios"]["P2s"] == pytest.approx(meta["ratios"]["P2"])  # the stand-in has no host cost
+    details = {d["name"]: d for d in meta["ratio_details"]}
+    assert all(details[name]["baseline"] > 0 for name in ("P2s", "P8a", "P8b", "P8a-greedy", "P8b-greedy"))
     assert meta["knees"]["served"]["static"]["p50"] == pytest.approx(0.3)
     assert meta["policy_reference_des"]["capacity_req_per_s"] == pytest.approx(4.552, abs=0.001)
     for mode in result["modes"].values():

@@ -18,6 +18,7 @@ from bench_suite import (
     Ratio,
     compute_ratios,
     handler_metrics,
+    histogram_totals,
     parse_json_output,
     plan_loads,
     sim_model_config,
@@ -146,6 +147,7 @@ def test_ratio_goals_and_json():
         "numerator": "a",
         "denominator": "b",
         "limit": None,
+        "baseline": None,
         "goal": "<= 1.05",
         "met": True,
     }
@@ -266,3 +268,11 @@ def test_handler_metrics_means_from_a_scrape():
         ]
     )
     assert handler_metrics(text) == {"llm_time_to_first_token_seconds": 0.75}
+
+
+def test_handler_metrics_since_an_earlier_scrape():
+    """P2s's sampled load reads the histograms' growth since the scrape before it."""
+    before = histogram_totals("llm_step_sampling_seconds_sum 1.0\nllm_step_sampling_seconds_count 10.0\n")
+    after = "llm_step_sampling_seconds_sum 4.0\nllm_step_sampling_seconds_count 20.0\n"
+    assert handler_metrics(after, before) == {"llm_step_sampling_seconds": pytest.approx(0.3)}
+    assert handler_metrics(after, histogram_totals(after)) == {}  # nothing recorded since

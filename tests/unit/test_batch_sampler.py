@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,26 +20,26 @@ EOS = 3
 
 def reference_token(probs: torch.Tensor, top_k: int, top_p: float, draw: float) -> tuple[int, int, float]:
     """The exact computation, written plainly: the whole row sorted (descending, ties by id),
-    top-k by rank, top-p keeping a token while the mass before it is below top_p (of the top-k
-    mass), then the first kept token whose cumulative mass passes draw x kept mass. Returns
-    (token, tokens kept, kept mass)."""
+    masses summed in order in float64, top-k by rank, top-p keeping a token while the mass
+    before it is below top_p (of the top-k mass), then the first kept token whose cumulative
+    mass passes draw x kept mass. Returns (token, tokens kept, kept mass)."""
     vocab = probs.shape[0]
     values, ids = torch.sort(probs, descending=True, stable=True)
-    cumulative = values.cumsum(0)
+    cumulative, total = [], 0.0
+    for p in values.tolist():
+        total += p
+        cumulative.append(total)
     k = top_k if 0 < top_k < vocab else vocab
-    k_mass = float(cumulative[k - 1]) if 0 < top_k < vocab else 1.0
-    f32 = torch.float32  # the arithmetic is float32 throughout, as on the logits
-    cut = float(torch.tensor(top_p, dtype=f32) * torch.tensor(k_mass, dtype=f32))
+    k_mass = cumulative[k - 1] if 0 < top_k < vocab else 1.0
     kept = 0
     for j in range(k):
-        before = float(cumulative[j - 1]) if j else 0.0
-        if top_p < 1.0 and not before < cut:
+        before = cumulative[j - 1] if j else 0.0
+        if top_p < 1.0 and not before < top_p * k_mass:
             break
         kept += 1
-    mass = float(cumulative[kept - 1]) if top_p < 1.0 else k_mass
-    target = float(torch.tensor(draw, dtype=f32) * torch.tensor(mass, dtype=f32))
+    mass = cumulative[kept - 1] if top_p < 1.0 else k_mass
     for j in range(kept):
-        if float(cumulative[j]) > target:
+        if cumulative[j] > draw * mass:
             return int(ids[j]), kept, mass
     return int(ids[kept - 1]), kept, mass
 
@@ -47,12 +48,12 @@ def batched_tokens(probs: torch.Tensor, top_k: list[int], top_p: list[float], dr
     """The sampler's tiered path on `probs` rows: candidates, then larger ones, then the full sort."""
     rows, vocab = probs.shape
     out: dict[int, int] = {}
-    pending = torch.arange(rows)
-    k, p, d = torch.tensor(top_k), torch.tensor(top_p, dtype=torch.float32), torch.tensor(draws, dtype=torch.float32)
+    pending = np.arange(rows)
+    k, p, d = np.array(top_k), np.array(top_p, dtype=np.float64), np.array(draws, dtype=np.float64)
     for count in (*tiers, vocab):
-        values, ids, safe = sorted_candidates(probs[pending], min(count, vocab))
+        values, ids, safe = sorted_candidates(probs[torch.from_numpy(pending)], min(count, vocab))
         result = choose_sorted(values, safe, k[pending], p[pending], d[pending], vocab)
-        for r in result.resolved.nonzero()[:, 0].tolist():
+        for r in np.flatnonzero(result.resolved):
             out[int(pending[r])] = int(ids[r, result.position[r]])
         pending = pending[~result.resolved]
         if not len(pending):
@@ -236,10 +237,15 @@ def test_logprobs_are_those_of_the_distribution_drawn_from() -> None:
 
 
 def test_padded_vocabulary_columns_are_never_chosen() -> None:
-    sampler = BatchSampler(1, set(), 16)
+    """A device may pad the vocabulary (neuronx for tp_degree): the sampler reads a strided view."""
+    sampler = BatchSampler(2, set(), 16)
     sampler.add(request(0, do_sample=True, seed=5))
-    logits = torch.cat([torch.zeros(1, 6), torch.full((1, 2), 50.0)], dim=1)  # 2 padding columns, huge
-    assert all(sampler.sample([0], logits, vocab_size=6)[0].token_id < 6 for _ in range(50))
+    sampler.add(request(1))  # greedy
+    vocab = 2000  # wide enough for the greedy rows' block argmax
+    logits = torch.cat([torch.randn(2, vocab), torch.full((2, 8), 50.0)], dim=1)  # 8 padding columns, huge
+    for _ in range(20):
+        sampled, greedy = sampler.sample([0, 1], logits, vocab_size=vocab)
+        assert sampled.token_id < vocab and greedy.token_id == int(logits[1, :vocab].argmax())
 
 
 def test_an_entropy_sanity_check_of_the_full_vocabulary_path() -> None:
