@@ -20,6 +20,7 @@ DLC_PROVIDED = {
     "ts": "torchserve",
     "yaml": "a torchserve dependency",
     "numpy": "a torch dependency",
+    "tokenizers": "a transformers dependency",
 }
 NEVER = {"torch", "torch-neuronx", "transformers-neuronx", "torchserve", "torch-model-archiver", "neuronx-cc"}
 # distribution -> the import names it brings (pydantic pins pydantic-core exactly; pip bundles both)
