@@ -24,7 +24,7 @@ TS_CONFIG := $(BUILD)/config.properties
 # TorchServe keeps its pid file in the temp dir; a private one keeps `make stop` from
 # stopping some other torchserve on the host (e.g. one a test started).
 TS_ENV := TMPDIR=$(abspath $(BUILD)) TEMP=$(abspath $(BUILD))
-# The serving state dir (handler/serving_state.py): drain and failed-start markers, read by /ping.
+# The serving state dir (handler/serving/state.py): drain and failed-start markers, read by /ping.
 STATE_DIR := $(abspath $(BUILD)/state)
 PROMPT ?= Today the weather is really nice and I am planning on
 PYTEST_ARGS ?=

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from handler.errors import ConfigError
 from handler.neuron.config import NeuronxConfig
 
 logger = logging.getLogger(__name__)
@@ -22,10 +23,6 @@ SectionT = TypeVar("SectionT", bound=BaseModel)
 # jobQueueSize above this many x n_slots: the back of a full queue waits that many request
 # durations for a slot, longer than clients wait; such a queue turns fast 503s into timeouts.
 JOB_QUEUE_WARN_PER_SLOT = 32
-
-
-class ConfigError(ValueError):
-    """model-config.yaml is wrong; the message names the key and how to fix it."""
 
 
 class _Section(BaseModel):

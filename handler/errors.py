@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
+
+
+class ConfigError(ValueError):
+    """model-config.yaml is wrong; the message names the key and how to fix it."""
 
 
 class ServingError(Exception):
@@ -45,7 +50,7 @@ class ServiceUnavailable(ServingError):
 
 
 class ModelLoadFailed(ServingError):
-    """This worker could not load the model (handler/init_failure.py): it answers at once
+    """This worker could not load the model (handler/serving/init_failure.py): it answers at once
     instead of letting requests queue, and restarts after a hold time."""
 
     status = 503
@@ -59,10 +64,7 @@ class HttpError:
     body: dict[str, Any]
 
 
-_PHRASES = {400: "Bad Request", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}
-
-
 def to_http(error: ServingError) -> HttpError:
     """Status, reason phrase and the `{"error": {...}}` body for one failed request."""
     body = {"error": {"message": error.message, "param": error.param, "type": error.error_type}}
-    return HttpError(error.status, _PHRASES.get(error.status, ""), body)
+    return HttpError(error.status, HTTPStatus(error.status).phrase, body)

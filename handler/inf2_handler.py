@@ -4,8 +4,8 @@ The archiver copies this file to the archive root, next to the `handler/` packag
 and TorchServe puts the archive root on sys.path, so `import handler...` works.
 
 A thin adapter: by `scheduler.mode`, TorchServe's calls go to the continuous-batching
-engine (handler/continuous.py, `continuousBatching: true`) or to the static
-micro-batching path (handler/static_mode.py); the logic lives in those modules.
+engine (handler/serving/continuous.py, `continuousBatching: true`) or to the static
+micro-batching path (handler/serving/static.py); the logic lives in those modules.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ if os.path.isdir(_BUNDLED_DEPS) and _BUNDLED_DEPS not in sys.path:
 
 from ts.torch_handler.base_handler import BaseHandler
 
-from handler.init_failure import FailedServing
-from handler.service import GenerationService
+from handler.serving.init_failure import FailedServing
+from handler.serving.service import GenerationService
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Inf2StreamingHandler(BaseHandler):
         self.context = context
         try:
             self.serving = _start_serving(context)
-        except Exception as exc:  # answer requests fast instead of letting them queue: handler/init_failure.py
+        except Exception as exc:  # answer requests fast instead of letting them queue: handler/serving/init_failure.py
             self.serving = FailedServing.start(exc, context)
         self.initialized = True
 
@@ -65,10 +65,10 @@ def _start_serving(context):
     service = GenerationService.from_context(context)
     try:
         if service.config.scheduler.mode == "continuous":
-            from handler.continuous import ContinuousServing
+            from handler.serving.continuous import ContinuousServing
 
             return ContinuousServing(service)
-        from handler.static_mode import StaticServing
+        from handler.serving.static import StaticServing
 
         return StaticServing(service, context)
     except BaseException:

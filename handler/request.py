@@ -1,5 +1,5 @@
-"""Domain types of one generation request, shared by the wire protocols (`api/`) and the
-backends; no wire format here."""
+"""Domain types of one generation request and of the tokens it gets back, shared by the wire
+protocols (`api/`), the engine and the backends; no wire format here."""
 
 from __future__ import annotations
 
@@ -49,3 +49,28 @@ class Limits:
 
     default_max_new_tokens: int
     max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class PromptTokenLogprob:
+    """One prompt token's logprob given the tokens before it (None for the first token, which
+    has nothing before it), with the `logprobs` most likely alternatives at that position.
+    These are the model's own log-softmax: no sampling processor applies to a prompt."""
+
+    token_id: int
+    logprob: float | None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenChoice:
+    """One slot's token from one step, with its logprob when the request asked for it.
+
+    Logprobs are those of the distribution the token was drawn from: after repetition
+    penalty, temperature, top-k and top-p (so a greedy request gets the model's own
+    log-softmax). `prompt` is filled by prefill only, for a request with prompt_logprobs."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+    prompt: tuple[PromptTokenLogprob, ...] = ()

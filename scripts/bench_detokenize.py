@@ -23,9 +23,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from handler.backends.base import TokenChoice
-from handler.request import GenerationRequest
-from handler.sequence import Sequence
+from handler.engine.sequence import Sequence
+from handler.request import GenerationRequest, TokenChoice
 
 WINDOW = 32  # steps timed just before each length; their median is that length's step time
 PROMPT_TOKENS = 128

@@ -87,7 +87,7 @@ def _alive(pid_file: Path) -> bool:
 
 
 def _load_failed_answer(response: httpx.Response) -> bool:
-    """The worker's own answer while it cannot load the model (handler/init_failure.py)."""
+    """The worker's own answer while it cannot load the model (handler/serving/init_failure.py)."""
     try:
         return response.json()["error"]["type"] == "model_load_failed"
     except (ValueError, KeyError, TypeError):

@@ -24,7 +24,8 @@ sys.path.insert(0, str(REPO))
 
 import yaml
 
-from handler.config import ConfigError, ServingConfig
+from handler.config import ServingConfig
+from handler.errors import ConfigError
 
 
 def main(argv: Sequence[str] | None = None) -> str:

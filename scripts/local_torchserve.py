@@ -32,7 +32,7 @@ BIN = Path(sys.executable).parent
 if str(REPO) not in sys.path:  # imported as `local_torchserve` from scripts/ (the benchmark)
     sys.path.insert(0, str(REPO))
 
-from handler.serving_state import ENV_VAR as STATE_DIR_ENV
+from handler.serving.state import ENV_VAR as STATE_DIR_ENV
 from scripts.build_plugins import build as build_plugins
 from scripts.stop_server import StopReport, frontend_process, stop_torchserve, worker_processes
 
@@ -240,7 +240,7 @@ def _wait_ready(server: TorchServe, timeout: float) -> None:
                 return
             last = f"{response.status_code} {response.text[:200]}"
             if response.status_code == 503 and "model_load_failed" in response.text:
-                break  # the worker failed to initialize (handler/init_failure.py): the body names the cause
+                break  # the worker failed to initialize (handler/serving/init_failure.py): the body names the cause
         except (httpx.HTTPError, ValueError) as exc:  # ValueError: key_file.json still being written
             last = repr(exc)
         time.sleep(0.5)

@@ -60,7 +60,8 @@ DLC_PLATFORMS = (
 
 def validate_config(config: Path) -> None:
     """The handler's own parser: a typo fails here, not 20 minutes into a deployment."""
-    from handler.config import ConfigError, ServingConfig
+    from handler.config import ServingConfig
+    from handler.errors import ConfigError
 
     try:
         ServingConfig.from_model_yaml(load_model_config(config))

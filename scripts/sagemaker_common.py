@@ -25,7 +25,7 @@ ARCHIVE_REQUIREMENTS = REPO / "requirements-archive.txt"
 CONTAINER_MODEL_DIR = "/opt/ml/model"
 PROPERTIES_NAME = "sagemaker.properties"  # the container's TorchServe config (TS_CONFIG_FILE)
 PLUGINS_SUBDIR = "plugins"  # the readiness /ping jar; sagemaker.properties' plugins_path names it
-# The serving state dir (handler/serving_state.py) in the container: /opt/ml/model is read-only.
+# The serving state dir (handler/serving/state.py) in the container: /opt/ml/model is read-only.
 CONTAINER_STATE_DIR = "/tmp/inf2-state"
 MODEL_CONFIG_NAME = "model-config.yaml"
 # requirements-archive.txt installed for one Python, in deps/cp<major><minor>/ (deps/cp310 for the

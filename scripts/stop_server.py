@@ -1,6 +1,6 @@
 """Stop a TorchServe started by `make serve` (or the tests' harness), draining it first.
 
-1. `drain.json` (deadline = now + grace) into the state dir (handler/serving_state.py): the
+1. `drain.json` (deadline = now + grace) into the state dir (handler/serving/state.py): the
    /ping plugin answers 503, the workers answer new requests 503 and let the requests in
    flight finish; at the deadline they end what is left with an in-band error.
 2. Wait until every worker process of the frontend has written `drained-<pid>` (or has
@@ -35,7 +35,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from handler.serving_state import DRAIN_FILE, drained_marker, failed_marker, write_drain
+from handler.serving.state import DRAIN_FILE, drained_marker, failed_marker, write_drain
 
 FRONTEND_CLASS = "org.pytorch.serve.ModelServer"  # in the frontend's java command line
 WORKER_SCRIPT = "model_service_worker"  # ts/model_service_worker.py: one process per worker

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# A handler whose model fails to load in-process (handler/init_failure.py) exits its process
+# A handler whose model fails to load in-process (handler/serving/init_failure.py) exits its process
 # after this hold; in pytest that would end the run. Tests that want the exit set it lower.
 os.environ.setdefault("INF2_INIT_FAILURE_HOLD_S", "3600")
 REPO = Path(__file__).resolve().parent.parent

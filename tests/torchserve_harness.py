@@ -23,7 +23,7 @@ import pytest
 from ts.context import Context, RequestProcessor
 from ts.protocol.otf_message_handler import create_predict_response
 
-from handler.ts_compat import TORCHSERVE_VERSION
+from handler.serving.ts_compat import TORCHSERVE_VERSION
 
 # The continuous protocol's two dialects, for tests that drive both with ContinuousFrontend.
 # Replies are encoded by the installed TorchServe's own create_predict_response, and 0.11's
@@ -97,8 +97,8 @@ def _read(buf: memoryview, pos: int) -> tuple[bytes, int]:
 
 def load_failure(handler: Any, context: Context) -> str:
     """initialize() a handler whose model must fail to load; the cause it serves its 503s with.
-    The handler enters the failed state (handler/init_failure.py) instead of raising."""
-    from handler.init_failure import FailedServing
+    The handler enters the failed state (handler/serving/init_failure.py) instead of raising."""
+    from handler.serving.init_failure import FailedServing
 
     handler.initialize(context)
     assert isinstance(handler.serving, FailedServing), f"the model loaded: {handler.serving!r}"

@@ -9,9 +9,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from handler.engine.sequence import Sequence
 from handler.errors import ServingError, to_http
 from handler.request import GenerationRequest, Limits
-from handler.sequence import Sequence
 
 
 class Api(ABC):

@@ -17,8 +17,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
 
-from handler.backends.base import PromptTokenLogprob, TokenChoice
-from handler.sequence import Sequence
+from handler.engine.sequence import Sequence
+from handler.request import PromptTokenLogprob, TokenChoice
 
 CONTEXT_TOKENS = 4
 _STATE = "logprobs"

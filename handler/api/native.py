@@ -11,11 +11,11 @@ import json
 from typing import Any
 
 from handler.api.base import Api
+from handler.api.common import parse_request
 from handler.api.logprobs import native_token, take_tokens, text_sent
+from handler.engine.sequence import Sequence
 from handler.errors import ServingError, to_http
-from handler.protocol import parse_request
 from handler.request import GenerationRequest, Limits
-from handler.sequence import Sequence
 
 NDJSON = "application/x-ndjson"
 JSON = "application/json"

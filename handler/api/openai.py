@@ -25,12 +25,12 @@ from pydantic import BaseModel, ValidationError
 
 from handler.api.base import Api
 from handler.api.chat_template import render_chat
+from handler.api.common import checked_max_new_tokens, decode_body, stop_strings
 from handler.api.logprobs import RenderedToken, as_bytes, take_tokens, text_sent
 from handler.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from handler.engine.sequence import FinishReason, Sequence
 from handler.errors import InvalidRequest, NotFound, ServingError, to_http
-from handler.protocol import checked_max_new_tokens, decode_body, stop_strings
 from handler.request import GenerationRequest, Limits, SamplingParams
-from handler.sequence import FinishReason, Sequence
 
 logger = logging.getLogger(__name__)
 

@@ -33,11 +33,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from handler.api.base import Api
+from handler.api.common import MAX_STOP_STRINGS, checked_max_new_tokens, decode_body
 from handler.api.tgi_schemas import TgiParameters, TgiRequest
+from handler.engine.sequence import FinishReason, Sequence
 from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError
-from handler.protocol import MAX_STOP_STRINGS, checked_max_new_tokens, decode_body
 from handler.request import GenerationRequest, Limits, SamplingParams
-from handler.sequence import FinishReason, Sequence
 
 logger = logging.getLogger(__name__)
 

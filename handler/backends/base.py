@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from handler.request import SamplingParams
+from handler.request import SamplingParams, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -47,31 +47,6 @@ class SlotRequest:
     ignore_eos: bool = False  # EOS is suppressed while sampling (the request asked to run to its length)
     logprobs: int | None = None  # None: none; 0: the chosen token's; n: also the n most likely
     prompt_logprobs: bool = False  # prefill also returns each prompt token's logprob (TokenChoice.prompt)
-
-
-@dataclass(frozen=True)
-class PromptTokenLogprob:
-    """One prompt token's logprob given the tokens before it (None for the first token, which
-    has nothing before it), with the `logprobs` most likely alternatives at that position.
-    These are the model's own log-softmax: no sampling processor applies to a prompt."""
-
-    token_id: int
-    logprob: float | None
-    top_logprobs: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class TokenChoice:
-    """One slot's token from one step, with its logprob when the request asked for it.
-
-    Logprobs are those of the distribution the token was drawn from: after repetition
-    penalty, temperature, top-k and top-p (so a greedy request gets the model's own
-    log-softmax). `prompt` is filled by prefill only, for a request with prompt_logprobs."""
-
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: tuple[tuple[int, float], ...] = ()
-    prompt: tuple[PromptTokenLogprob, ...] = ()
 
 
 class Backend(ABC):

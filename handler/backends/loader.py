@@ -1,20 +1,25 @@
-"""Pick and load the configured backend."""
+"""Pick and load the configured backend. Plain values in: the serving layer reads TorchServe's
+context (this worker's gpu_id, the model's worker count) and passes them here."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from handler.backends.base import Backend
-from handler.config import ConfigError, ServingConfig
+from handler.config import ServingConfig
+from handler.errors import ConfigError
+from handler.neuron.auto import choose_backend
 
 logger = logging.getLogger(__name__)
 
 
-def load_backend(config: ServingConfig, model_dir: str | Path | None, context: Any = None) -> Backend:
-    """`context` (TorchServe's) gives neuronx this worker's gpu_id and the worker count."""
-    backend = _load(config, model_dir, context)
+def load_backend(
+    config: ServingConfig, model_dir: str | Path | None, gpu_id: int | None = None, workers: int = 1
+) -> Backend:
+    """`gpu_id` (TorchServe's, for this worker) and `workers` (the model's worker count) place
+    neuronx on its NeuronCores."""
+    backend = _load(config, model_dir, gpu_id, workers)
     if backend.n_slots != config.scheduler.n_slots:
         slots = backend.n_slots
         backend.close()
@@ -25,9 +30,17 @@ def load_backend(config: ServingConfig, model_dir: str | Path | None, context: A
     return backend
 
 
-def _load(config: ServingConfig, model_dir: str | Path | None, context: Any) -> Backend:
-    from handler.neuron.auto import resolve_auto, worker_of
+def resolve_auto(config: ServingConfig, dev_dir: Path = Path("/dev")) -> ServingConfig:
+    """The same config with `backend: auto` replaced by the backend chosen here (logged)."""
+    if config.handler.backend != "auto":
+        return config
+    chosen, why = choose_backend(dev_dir)
+    logger.info("backend auto: using %s (%s)", chosen, why)
+    handler = config.handler.model_copy(update={"backend": chosen})
+    return config.model_copy(update={"handler": handler})
 
+
+def _load(config: ServingConfig, model_dir: str | Path | None, gpu_id: int | None, workers: int) -> Backend:
     config = resolve_auto(config)
     handler = config.handler
     checkpoint = handler.checkpoint_path(model_dir or ".")
@@ -48,5 +61,5 @@ def _load(config: ServingConfig, model_dir: str | Path | None, context: Any) -> 
     if handler.backend == "neuronx":
         from handler.backends.neuronx import NeuronxBackend
 
-        return NeuronxBackend(config, checkpoint, *worker_of(context))
+        return NeuronxBackend(config, checkpoint, gpu_id, workers)
     raise ConfigError(f"model-config.yaml: handler.backend: unknown backend {handler.backend!r}")

@@ -71,14 +71,16 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from handler.backends.base import Backend, SlotRequest, TokenChoice, clamp_n_positions
+from handler.backends.base import Backend, SlotRequest, clamp_n_positions
 from handler.backends.sampling import BatchSampler, prompt_logprobs
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
-from handler.config import ConfigError, ServingConfig
+from handler.config import ServingConfig
+from handler.errors import ConfigError
 from handler.neuron import artifacts, options
 from handler.neuron.config import MIN_BUCKET, NeuronxConfig
 from handler.neuron.cores import CorePlacement, detect_cores, format_core_list, operator_cores, place
 from handler.neuron.environment import CacheLocation, configure_compiler, pin_cores
+from handler.request import TokenChoice
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from handler.backends.base import PromptTokenLogprob, SlotRequest, TokenChoice
+from handler.backends.base import SlotRequest
+from handler.request import PromptTokenLogprob, TokenChoice
 
 # Candidate set sizes tried in turn before the full sort. A model's top-p 0.9 nucleus is
 # usually a few dozen tokens; topk(64) over 128,256 logits costs a fifth of topk(1024).

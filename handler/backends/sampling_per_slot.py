@@ -18,8 +18,9 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from handler.backends.base import SlotRequest, TokenChoice
+from handler.backends.base import SlotRequest
 from handler.backends.sampling import top_alternatives
+from handler.request import TokenChoice
 
 
 class SuppressTokens(LogitsProcessor):

@@ -37,12 +37,14 @@ from typing import Any, Protocol
 
 import torch
 
-from handler.backends.base import Backend, SlotRequest, TokenChoice, clamp_n_positions
+from handler.backends.base import Backend, SlotRequest, clamp_n_positions
 from handler.backends.sampling import BatchSampler
 from handler.backends.sampling_per_slot import PerSlotSampler
 from handler.backends.sim_profile import Profile, load_profile, resolve_profile_path
 from handler.backends.tokenizer import load_tokenizer
-from handler.config import ConfigError, HandlerConfig, SimConfig
+from handler.config import HandlerConfig, SimConfig
+from handler.errors import ConfigError
+from handler.request import TokenChoice
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from handler.config import ConfigError
+from handler.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -108,12 +108,6 @@ class CorePlacement:
         for handle in self._locks:
             handle.close()
         self._locks.clear()
-
-
-def workers_of(model_yaml_config: dict[str, Any] | None) -> int:
-    raw = model_yaml_config or {}
-    value = raw.get("maxWorkers", raw.get("minWorkers", 1))
-    return value if isinstance(value, int) and value > 0 else 1
 
 
 def check_fits(workers: int, tp_degree: int, available: int) -> None:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from handler.config import ConfigError
+from handler.errors import ConfigError
 from handler.neuron.config import NEURON_CONFIG_KEY
 
 SDK_ERRORS = (AssertionError, NotImplementedError, TypeError, ValueError)

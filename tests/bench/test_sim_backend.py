@@ -7,7 +7,8 @@ import pytest
 
 from handler.backends.base import SlotRequest
 from handler.backends.sim import SimBackend
-from handler.config import ConfigError, ServingConfig
+from handler.config import ServingConfig
+from handler.errors import ConfigError
 from handler.request import SamplingParams
 from tests.bench.conftest import FakeClock, sim_model_yaml
 

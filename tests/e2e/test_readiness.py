@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from handler.failpoints import INIT_ENV, WARMUP_ENV
-from handler.init_failure import HOLD_ENV
-from handler.serving_state import DRAIN_FILE, write_drain
+from handler.serving.init_failure import HOLD_ENV
+from handler.serving.state import DRAIN_FILE, write_drain
 from scripts.torchserve_compat import has_secure_defaults
 from tests.modes import MODES, with_mode
 from tests.torchserve_process import TorchServe, free_port, start_torchserve

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from handler import drain
-from handler.serving_state import DRAIN_FILE
+from handler.serving import drain
+from handler.serving.state import DRAIN_FILE
 from scripts.stop_server import DRAIN_MARGIN_S, StopReport
 from tests.e2e.faults import InBackground, Outcome, alive, openai_url, request, start_sim_server
 from tests.modes import MODES

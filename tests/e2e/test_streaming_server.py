@@ -67,7 +67,7 @@ def post(server, body) -> httpx.Response:
 
 def frontend_batches(server) -> list[set[str]]:
     """The request ids of every frontend batch the handler logged, in order
-    (static mode, handler/static_mode.py: "frontend batch of N request(s): id1,id2,...")."""
+    (static mode, handler/serving/static.py: "frontend batch of N request(s): id1,id2,...")."""
     logged = re.findall(r"frontend batch of (\d+) request\(s\): (\S+)", server.log_text())
     batches = [set(ids.split(",")) for _, ids in logged]
     assert all(int(n) == len(ids) for (n, _), ids in zip(logged, batches, strict=True)), logged[-5:]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import handler.continuous as continuous
-from handler import drain
+import handler.serving.continuous as continuous
 from handler.inf2_handler import Inf2StreamingHandler
-from handler.serving_state import DRAIN_FILE, ENV_VAR, drained_marker, write_drain
+from handler.serving import drain
+from handler.serving.state import DRAIN_FILE, ENV_VAR, drained_marker, write_drain
 from tests.torchserve_harness import PROTOCOL_VERSIONS, ContinuousFrontend, make_context, run_batch
 
 N_SLOTS = 2

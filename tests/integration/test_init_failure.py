@@ -1,4 +1,4 @@
-"""A worker whose model fails to load (handler/init_failure.py), driven the way TorchServe's
+"""A worker whose model fails to load (handler/serving/init_failure.py), driven the way TorchServe's
 frontend drives it (tests/torchserve_harness.py): initialize() returns in a failed state, every
 request gets a 503 JSON naming the cause in the reply shape of the frontend's mode (0.11 and
 0.12 continuousBatching, classic batching), the failed-start marker is there for /ping while
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import handler.init_failure as init_failure
+import handler.serving.init_failure as init_failure
 from handler.inf2_handler import Inf2StreamingHandler
-from handler.serving_state import ENV_VAR as STATE_DIR_ENV
-from handler.serving_state import failed_marker
+from handler.serving.state import ENV_VAR as STATE_DIR_ENV
+from handler.serving.state import failed_marker
 from tests.torchserve_harness import PROTOCOL_VERSIONS, ContinuousFrontend, make_context, run_batch
 
 BAD_VALUE = 'eight "hundred"'  # a string where the loader wants an integer
@@ -86,6 +86,25 @@ def test_static_batch_answers_each_request_503(tiny_model_dir, state_dir):
         for reply in replies:
             assert (reply.status, reply.content_type, reply.chunks) == (503, "application/json", [])
             assert_names_the_cause(reply.final)
+    finally:
+        handler.shutdown()
+
+
+def test_a_tgi_endpoint_answers_tgi_bodies_in_tgis_error_shape(tiny_model_dir, state_dir):
+    """`handler.no_route_api: tgi` (a TGI-configured SageMaker endpoint): an `inputs` body without a
+    route gets TGI's error shape from the failed worker too, as it would from a loaded one."""
+    handler = Inf2StreamingHandler()
+    config = bad_config(tiny_model_dir, continuous=False)
+    config["handler"]["no_route_api"] = "tgi"
+    context = make_context(config, str(tiny_model_dir))
+    handler.initialize(context)
+    try:
+        tgi, native = run_batch(handler, context, [{"inputs": "a"}, {"prompt": "a"}])
+        assert tgi.status == native.status == 503
+        body = json.loads(tgi.final)
+        assert set(body) == {"error", "error_type"} and body["error_type"] == "generation"  # TGI's own shape
+        assert "ConfigError" in body["error"] and BAD_VALUE in body["error"]
+        assert_names_the_cause(native.final)  # {"error": {"message", "type", ...}}
     finally:
         handler.shutdown()
 

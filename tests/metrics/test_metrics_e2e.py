@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from handler.metrics import ALL_METRICS, FILL
+from handler.serving.metrics import ALL_METRICS, FILL
 from tests.bench.conftest import sim_model_yaml
 from tests.modes import MODES, with_mode
 

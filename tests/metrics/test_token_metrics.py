@@ -1,4 +1,4 @@
-"""handler/metrics.py: the figures, the X-Request-Start header, and what reaches TorchServe."""
+"""handler/serving/metrics.py: the figures, the X-Request-Start header, and what reaches TorchServe."""
 
 import logging
 import time
@@ -9,9 +9,9 @@ import pytest
 import ts
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
-import handler.metrics
-from handler.engine import StepRecord
-from handler.metrics import (
+import handler.serving.metrics
+from handler.engine.step_engine import StepRecord
+from handler.serving.metrics import (
     ALL_METRICS,
     CANCELLED,
     DECODE_STEP,
@@ -40,7 +40,7 @@ def sequence(received=10.0, first=10.2, last=11.2, tokens=11, admitted=None):
 
 
 class FrozenClock:
-    """Stands in for the `time` module in handler/metrics.py: both clocks stand still, so a
+    """Stands in for the `time` module in handler/serving/metrics.py: both clocks stand still, so a
     figure computed from them is exact, whatever else the machine is doing."""
 
     def __init__(self) -> None:
@@ -57,7 +57,7 @@ class FrozenClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
     frozen = FrozenClock()
-    monkeypatch.setattr(handler.metrics, "time", frozen)
+    monkeypatch.setattr(handler.serving.metrics, "time", frozen)
     return frozen
 
 
@@ -161,3 +161,34 @@ def test_a_broken_metrics_object_never_fails_a_request():
     metrics = TokenMetrics(compiled_batch_size=4)
     metrics.request_finished(ctx, sequence())  # no exception
     assert metrics._warned
+
+
+def test_ttft_counts_from_receipt_not_from_the_end_of_parsing(tiny_tokenizer):
+    """A Sequence's received_at is the request's arrival (X-Request-Start here, 2 s ago), taken
+    before the body is parsed and tokenized, in both modes (service.prepare makes every Sequence)."""
+    from handler.config import ServingConfig
+    from handler.serving.service import GenerationService
+    from tests.openai.test_chat_prompt_tokens import PrepareOnlyBackend
+
+    raw = {
+        "continuousBatching": True,
+        "batchSize": 4,
+        "handler": {
+            "model_checkpoint_dir": "unused",
+            "n_positions": 256,
+            "max_new_tokens": 64,
+            "default_max_new_tokens": 16,
+        },
+    }
+    service = GenerationService(ServingConfig.from_model_yaml(raw), PrepareOnlyBackend(tiny_tokenizer))
+    stamp = f"t={time.time() - 2.0:.6f}"
+    context = SimpleNamespace(
+        model_name="m",
+        get_request_id=lambda i: "req-0",
+        get_request_header=lambda i, h: stamp if h == "X-Request-Start" else None,
+    )
+    before = time.perf_counter()
+    work = service.prepare(0, {"body": {"prompt": "Hello there"}}, context)
+    assert work.error is None, work.error
+    assert work.sequence.received_at == work.arrived_at
+    assert before - 2.2 < work.sequence.received_at < before - 1.8

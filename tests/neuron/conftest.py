@@ -100,7 +100,7 @@ def start_backend() -> Iterator[Callable[..., Any]]:
     it (the worker count from minWorkers/maxWorkers) and warmed up; every backend is closed afterwards."""
     from handler.backends.neuronx import NeuronxBackend
     from handler.config import ServingConfig
-    from handler.neuron.cores import workers_of
+    from handler.serving.service import workers_of
 
     started: list[Any] = []
 

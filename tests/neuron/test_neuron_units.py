@@ -8,10 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from handler.config import ConfigError, ServingConfig
+from handler.backends.loader import resolve_auto
+from handler.config import ServingConfig
+from handler.errors import ConfigError
 from handler.neuron import cores
-from handler.neuron.auto import choose_backend, resolve_auto, worker_of
+from handler.neuron.auto import choose_backend
 from handler.neuron.environment import CacheLocation, compiler_flags, configure_compiler, pin_cores
+from handler.serving.service import worker_of
 
 
 def test_compiler_flags_keep_the_users_and_add_model_type_once():

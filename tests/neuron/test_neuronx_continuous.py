@@ -305,7 +305,8 @@ def test_the_fake_decode_needs_cache_ids_of_the_input_ids_dtype(checkpoint, monk
 def test_a_one_token_row_that_fills_its_bucket_would_keep_its_cache_ids(checkpoint, monkeypatch, tmp_path):
     """Why every bucket is at least 3 tokens (handler.neuronx.context_length_estimate): in a bucket of
     exactly 2 the row [t, 0] keeps its cache ids [0, 0], so the pad lands on position 0."""
-    from handler.config import ConfigError, ServingConfig
+    from handler.config import ServingConfig
+    from handler.errors import ConfigError
 
     token = 5
     runs = []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from handler.config import ConfigError
+from handler.errors import ConfigError
 from tests.modes import with_mode
 from tests.neuron.conftest import calls, neuronx_yaml, run_alone
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from handler.config import ConfigError, ServingConfig
+from handler.config import ServingConfig
+from handler.errors import ConfigError
 from tests.neuron.conftest import calls, greedy, neuronx_yaml
 from tests.torchserve_harness import ContinuousFrontend
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from handler.config import ConfigError
+from handler.errors import ConfigError
 from handler.neuron import options
 from handler.neuron.config import REFUSED_NEURON_CONFIG
 from tests.neuron.conftest import calls, neuronx_yaml

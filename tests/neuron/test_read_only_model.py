@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from handler.config import ConfigError
+from handler.errors import ConfigError
 from tests.neuron.conftest import calls, neuronx_yaml, run_alone
 
 pytestmark = pytest.mark.usefixtures("fake_neuronx")

@@ -12,7 +12,7 @@ import pytest
 
 from handler.backends.base import Backend
 from handler.config import ServingConfig
-from handler.service import GenerationService
+from handler.serving.service import GenerationService
 
 
 class BosAddingTokenizer:

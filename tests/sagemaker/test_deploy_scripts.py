@@ -89,7 +89,7 @@ def model_folder(tmp_path: Path) -> Path:
     for rel, content in {
         "MAR-INF/MANIFEST.json": '{"model": {"modelName": "llama"}}',
         "inf2_handler.py": "# handler",
-        "handler/service.py": "# service",
+        "handler/serving/service.py": "# service",
         "handler/__pycache__/service.cpython-311.pyc": "skip me",
         "model-config.yaml": SAGEMAKER_CONFIG,
         "model/model.safetensors": "weights",
@@ -119,7 +119,7 @@ def test_upload_sends_every_file_under_the_prefix(aws, recorder, model_folder, c
         "llama-inf2/MAR-INF/MANIFEST.json",
         "llama-inf2/deps/cp310/pydantic-2.14.4.dist-info/METADATA",
         "llama-inf2/deps/cp310/pydantic/__init__.py",
-        "llama-inf2/handler/service.py",
+        "llama-inf2/handler/serving/service.py",
         "llama-inf2/inf2_handler.py",
         "llama-inf2/model-config.yaml",
         "llama-inf2/model/model.safetensors",

@@ -4,7 +4,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from handler.config import ConfigError, ServingConfig
+from handler.config import ServingConfig
+from handler.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

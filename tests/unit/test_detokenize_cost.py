@@ -12,10 +12,9 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from handler.backends.base import TokenChoice
-from handler.detokenizer import IncrementalDetokenizer
-from handler.request import GenerationRequest
-from handler.sequence import FinishReason, Sequence
+from handler.engine.detokenizer import IncrementalDetokenizer
+from handler.engine.sequence import FinishReason, Sequence
+from handler.request import GenerationRequest, TokenChoice
 
 CORPUS = Path(__file__).resolve().parents[2] / "scripts" / "corpus.txt"
 WINDOW_BOUND = 16  # ids in one decode call: context + a held run, whatever the length so far

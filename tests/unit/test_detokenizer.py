@@ -2,7 +2,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from handler.detokenizer import IncrementalDetokenizer
+from handler.engine.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "hello world, the end",  # spaces

@@ -1,17 +1,17 @@
 """Draining, piece by piece: the watcher's view of the drain order, and how the engines end
-what is still in flight at the deadline (handler/drain.py, StepEngine.fail_all,
+what is still in flight at the deadline (handler/serving/drain.py, StepEngine.fail_all,
 MicroBatchEngine's interrupt)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from handler import drain
-from handler.drain import DrainWatcher
+from handler.engine.micro_batch import MicroBatchEngine
+from handler.engine.sequence import FinishReason, State
 from handler.errors import ServiceUnavailable, to_http
-from handler.micro_batch import MicroBatchEngine
-from handler.sequence import FinishReason, State
-from handler.serving_state import DRAIN_FILE, drained_marker, write_drain
+from handler.serving import drain
+from handler.serving.drain import DrainWatcher
+from handler.serving.state import DRAIN_FILE, drained_marker, write_drain
 from tests.unit.test_engine import Log, ScriptedBackend, engine_for, make_seq, reply, solo
 
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from handler import failpoints
-from handler.backends.base import Backend, SlotRequest, TokenChoice
-from handler.engine import StepEngine, StepRecord, Update
+from handler.backends.base import Backend, SlotRequest
+from handler.engine.micro_batch import MicroBatchEngine
+from handler.engine.sequence import FinishReason, State
+from handler.engine.sequence import Sequence as Seq
+from handler.engine.step_engine import StepEngine, StepRecord, Update
 from handler.errors import EngineError
-from handler.micro_batch import MicroBatchEngine
-from handler.request import GenerationRequest
-from handler.sequence import FinishReason, State
-from handler.sequence import Sequence as Seq
+from handler.request import GenerationRequest, TokenChoice
 
 EOS = 2
 

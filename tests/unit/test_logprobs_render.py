@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from handler.api.logprobs import take_tokens, text_sent
 from handler.api.openai import legacy_logprobs
-from handler.backends.base import PromptTokenLogprob, TokenChoice
-from handler.request import GenerationRequest
-from handler.sequence import Sequence
+from handler.engine.sequence import Sequence
+from handler.request import GenerationRequest, PromptTokenLogprob, TokenChoice
 
 PROMPT = "Today the weather is"
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from handler.api.common import parse_request
 from handler.errors import InvalidRequest
-from handler.protocol import parse_request
 from handler.request import Limits
 
 LIMITS = Limits(default_max_new_tokens=16, max_new_tokens=100)

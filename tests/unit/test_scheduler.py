@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from handler.backends.sim_profile import Profile, load_profile
-from handler.scheduler import Admission, SlotScheduler
+from handler.engine.scheduler import Admission, SlotScheduler
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))

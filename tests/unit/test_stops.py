@@ -1,4 +1,4 @@
-from handler.stops import StopStringMatcher
+from handler.engine.stops import StopStringMatcher
 
 
 def feed_all(matcher, pieces):

@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 
 from handler.api.tgi import TgiApi
-from handler.backends.base import PromptTokenLogprob, TokenChoice
+from handler.engine.sequence import FinishReason, Sequence
 from handler.errors import EngineError, InvalidRequest, ServiceUnavailable
-from handler.request import Limits
-from handler.sequence import FinishReason, Sequence
+from handler.request import Limits, PromptTokenLogprob, TokenChoice
 
 LIMITS = Limits(default_max_new_tokens=16, max_new_tokens=100)
 EOS = 0

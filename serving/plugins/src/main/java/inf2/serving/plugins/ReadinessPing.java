@@ -30,7 +30,7 @@ import org.pytorch.serve.servingsdk.http.Response;
  * and every registered model has a worker whose initialize() returned (TorchServe's
  * WORKER_MODEL_LOADED). Otherwise 503 {@code {"status": "Draining"|"Unhealthy"|"Loading",
  * "message": ...}}. Draining and failed starts come from the state directory named by
- * INF2_STATE_DIR (handler/serving_state.py): {@code drain.json}, and {@code failed-<pid>.json}
+ * INF2_STATE_DIR (handler/serving/state.py): {@code drain.json}, and {@code failed-<pid>.json}
  * {@code {"cause": ...}} while that worker process is alive. Dependency-free: the JSON in and out
  * is handled here.
  */

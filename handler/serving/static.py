@@ -6,7 +6,7 @@ prepare:  body -> validated request -> prompt ids -> Sequence   (or a per-reques
 generate: run the micro-batch, send each request's text as it is decoded
 finish:   the last NDJSON line, or the whole JSON body, and each request's status
 
-Draining (handler/drain.py): prepare answers new requests 503; at the deadline the
+Draining (handler/serving/drain.py): prepare answers new requests 503; at the deadline the
 running micro-batches stop and their requests end with an error (a last error line
 where the stream is open). TorchServe hands a worker one batch at a time, so a request
 that arrives while a batch runs gets its 503 when that batch ends.
@@ -21,11 +21,11 @@ from typing import Any
 from ts.handler_utils.micro_batching import MicroBatching
 from ts.handler_utils.utils import send_intermediate_predict_response
 
-from handler import drain
+from handler.engine.micro_batch import MicroBatchEngine
+from handler.engine.sequence import Sequence
 from handler.errors import EngineError, ServingError
-from handler.micro_batch import MicroBatchEngine
-from handler.sequence import Sequence
-from handler.service import GenerationService, Work
+from handler.serving import drain
+from handler.serving.service import GenerationService, Work
 
 logger = logging.getLogger(__name__)
 

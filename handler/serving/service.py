@@ -16,15 +16,15 @@ from typing import Any
 
 from handler import failpoints
 from handler.api import Api, route_path, select_api
+from handler.api.common import decode_body
 from handler.api.native import NativeApi
 from handler.backends.base import Backend
 from handler.backends.loader import load_backend
 from handler.config import ServingConfig
+from handler.engine.sequence import Sequence
 from handler.errors import EngineError, InvalidRequest, ServingError
-from handler.metrics import TokenMetrics, arrival_time
-from handler.protocol import decode_body
 from handler.request import GenerationRequest, Limits
-from handler.sequence import Sequence
+from handler.serving.metrics import TokenMetrics, arrival_time
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Work:
     error: ServingError | None = None
     chunks_sent: int = 0
     final_sent: bool = False  # a streamed request's closing chunk went out as soon as it finished
-    arrived_at: float = 0.0  # perf_counter clock; see handler/metrics.py
+    arrived_at: float = 0.0  # perf_counter clock; see handler/serving/metrics.py
     reply: str | None = None  # a route answered without generating (e.g. v1/models)
 
 
@@ -58,7 +58,7 @@ class GenerationService:
         config = ServingConfig.from_model_yaml(context.model_yaml_config)
         model_dir = context.system_properties.get("model_dir")
         started = time.perf_counter()
-        backend = load_backend(config, model_dir, context)
+        backend = load_backend(config, model_dir, *worker_of(context))
         backend.warmup()
         failpoints.delay_warmup()
         # Readiness: this line is logged just before initialize() returns, and the /ping plugin
@@ -97,7 +97,12 @@ class GenerationService:
                     prompt_ids = self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
             self._check_length(request, len(prompt_ids))
             work.sequence = Sequence(
-                request, prompt_ids, self.backend.tokenizer, self.backend.eos_token_ids, work.request_id
+                request,
+                prompt_ids,
+                self.backend.tokenizer,
+                self.backend.eos_token_ids,
+                work.request_id,
+                received_at=work.arrived_at,  # TTFT and queue wait count from receipt, before parsing
             )
         except ServingError as exc:
             work.error = exc
@@ -162,6 +167,21 @@ class GenerationService:
 
     def close(self) -> None:
         self.backend.close()
+
+
+def worker_of(context: Any) -> tuple[int | None, int]:
+    """(TorchServe's gpu_id for this worker or None, the model's worker count) from its context."""
+    if context is None:
+        return None, 1
+    gpu_id = (getattr(context, "system_properties", None) or {}).get("gpu_id")
+    return (int(gpu_id) if gpu_id is not None else None), workers_of(getattr(context, "model_yaml_config", None))
+
+
+def workers_of(model_yaml_config: dict[str, Any] | None) -> int:
+    """The model's worker count as TorchServe reads it: maxWorkers, else minWorkers, else 1."""
+    raw = model_yaml_config or {}
+    value = raw.get("maxWorkers", raw.get("minWorkers", 1))
+    return value if isinstance(value, int) and value > 0 else 1
 
 
 def body_of(row: Any) -> Any:

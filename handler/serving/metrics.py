@@ -1,12 +1,12 @@
 """Token-level serving metrics, reported as TorchServe custom metrics.
 
 Per request (when it finishes successfully):
-  llm_time_to_first_token_seconds  from the handler receiving the request to its first token
+  llm_time_to_first_token_seconds  from the request's arrival (below) to its first token
   llm_inter_token_latency_seconds  (last token - first token) / (tokens - 1), as guidellm
                                    computes ITL; not reported for one-token requests
   llm_generated_tokens             completion tokens (a counter: rate() is output tok/s)
   llm_queue_wait_seconds           static: from arrival to the start of its micro-batch;
-                                   continuous: from the handler receiving it to getting a slot
+                                   continuous: from arrival to getting a slot
 Per micro-batch (static mode):
   llm_micro_batch_fill_ratio       real rows / compiled batch size
 Continuous mode, per handler call / engine step:
@@ -21,7 +21,7 @@ Continuous mode, per handler call / engine step:
   llm_frontend_round_trip_seconds  from one handler reply to the frontend's next call
   llm_cancelled_requests           requests whose client went away before the end (counter)
 
-"Arrival" is the `X-Request-Start` request header when a client or proxy sets it
+"Arrival" (both modes) is the `X-Request-Start` request header when a client or proxy sets it
 (`t=<unix seconds>` or plain unix seconds; milliseconds and microseconds are recognised
 by size, as nginx and Heroku write them), which then also counts the time the request
 waited in TorchServe's frontend queue and batch delay. TorchServe itself does not tell
@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Any
 
 from ts.metrics.metric_type_enum import MetricTypes
 
-from handler.sequence import Sequence
+from handler.engine.sequence import Sequence
 
 if TYPE_CHECKING:
-    from handler.engine import StepRecord
+    from handler.engine.step_engine import StepRecord
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 from handler import failpoints
-from handler.backends.base import Backend, TokenChoice
+from handler.backends.base import Backend
+from handler.engine.sequence import Sequence
 from handler.errors import EngineError, ServingError
-from handler.sequence import Sequence
+from handler.request import TokenChoice
 
 logger = logging.getLogger(__name__)
 

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from handler.api import Api, route_path, select_api
+from handler.api.common import decode_body
 from handler.api.native import NativeApi
 from handler.errors import ModelLoadFailed, to_http
-from handler.protocol import decode_body
-from handler.serving_state import failed_marker, state_dir
-from handler.ts_compat import ONE_SHOT_REPLIES
+from handler.serving.state import failed_marker, state_dir
+from handler.serving.ts_compat import ONE_SHOT_REPLIES
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,12 @@ def hold_seconds() -> float:
         return max(0.0, float(os.environ.get(HOLD_ENV) or DEFAULT_HOLD_S))
     except ValueError:
         return DEFAULT_HOLD_S
+
+
+def _no_route_api(context: Any) -> str:
+    handler = (getattr(context, "model_yaml_config", None) or {}).get("handler")
+    value = handler.get("no_route_api") if isinstance(handler, dict) else None
+    return value if value in ("native", "tgi") else "native"
 
 
 def write_marker(directory: Path, cause: str) -> Path:
@@ -119,7 +125,7 @@ class FailedServing:
         """continuousBatching: each request gets one plain 503 response. On 0.12 a stopping
         criterion returning None makes it one (and ends the job); 0.11 sends a plain response
         only from a call without criteria and keeps the job, so the next call ends it with an
-        empty last chunk (as handler/continuous.py does)."""
+        empty last chunk (as handler/serving/continuous.py does)."""
         replies = [""] * len(data)
         ids: dict[int, str] = dict(context.request_ids)
         if ONE_SHOT_REPLIES:
@@ -152,14 +158,16 @@ class FailedServing:
 
     @staticmethod
     def _api(index: int, row: Any, context: Any) -> Api:
-        """The request's wire format (native or OpenAI error shape), native when it cannot tell."""
+        """The request's wire format (native, OpenAI or TGI error shape), chosen as a loaded worker
+        chooses it, `handler.no_route_api` included (read from the raw YAML: the config may be
+        what failed); native when it cannot tell."""
         try:
             url_path = context.get_request_header(index, "url_path")
             body = None
             if not route_path(url_path):
                 raw = row.get("body", row.get("data")) if isinstance(row, dict) else row
                 body = decode_body(raw) if raw is not None else None
-            return select_api(url_path, context.model_name, body)
+            return select_api(url_path, context.model_name, body, _no_route_api(context))
         except Exception:
             return NativeApi()
 

@@ -22,10 +22,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from handler import failpoints
-from handler.backends.base import Backend, TokenChoice
+from handler.backends.base import Backend
+from handler.engine.scheduler import SlotScheduler
+from handler.engine.sequence import Sequence
 from handler.errors import EngineError, ServingError
-from handler.scheduler import SlotScheduler
-from handler.sequence import Sequence
+from handler.request import TokenChoice
 
 logger = logging.getLogger(__name__)
 

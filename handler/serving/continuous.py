@@ -24,7 +24,7 @@ Content-Length. 0.11 turns None into "continue", so there such a reply opens a s
 Nothing escapes `handle()`: an exception there would answer 503 to every request in
 flight and drop them all.
 
-Draining (handler/drain.py): new requests get a 503; at the deadline the engine fails
+Draining (handler/serving/drain.py): new requests get a 503; at the deadline the engine fails
 whatever is still in it, and those requests end the way a failed step ends them (a last
 error line, or a 503 if nothing was sent yet).
 """
@@ -36,12 +36,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from handler import drain
 from handler.api.native import NativeApi
-from handler.engine import StepEngine, Update
+from handler.engine.step_engine import StepEngine, Update
 from handler.errors import EngineError, ServingError
-from handler.service import GenerationService, Work
-from handler.ts_compat import ONE_SHOT_REPLIES
+from handler.serving import drain
+from handler.serving.service import GenerationService, Work
+from handler.serving.ts_compat import ONE_SHOT_REPLIES
 
 logger = logging.getLogger(__name__)
 

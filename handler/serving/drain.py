@@ -1,4 +1,4 @@
-"""The worker's side of a drain (graceful shutdown; the files are in handler/serving_state.py).
+"""The worker's side of a drain (graceful shutdown; the files are in handler/serving/state.py).
 
 The stop script writes `drain.json` with a deadline. A `DrainWatcher` thread per worker
 polls it (one failed open per poll while not draining) and tells the serving code:
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from handler.errors import ServiceUnavailable
-from handler.serving_state import Drain, drained_marker, read_drain, state_dir
+from handler.serving.state import Drain, drained_marker, read_drain, state_dir
 
 logger = logging.getLogger(__name__)
 

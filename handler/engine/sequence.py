@@ -7,11 +7,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from handler.backends.base import PromptTokenLogprob, SlotRequest, TokenChoice
-from handler.detokenizer import IncrementalDetokenizer
+from handler.backends.base import SlotRequest
+from handler.engine.detokenizer import IncrementalDetokenizer
+from handler.engine.stops import StopStringMatcher
 from handler.errors import ServingError
-from handler.request import GenerationRequest
-from handler.stops import StopStringMatcher
+from handler.request import GenerationRequest, PromptTokenLogprob, TokenChoice
 
 
 class State(enum.Enum):

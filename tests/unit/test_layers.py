@@ -1,0 +1,101 @@
+"""The layers of handler/ (docs/design.md, "Layers"), checked on every import statement, those
+inside functions included, so that a change cannot break a rule quietly."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+HANDLER = Path(__file__).resolve().parents[2] / "handler"
+ENGINE_DRIVERS = ("handler.engine.step_engine", "handler.engine.micro_batch", "handler.engine.scheduler")
+# (modules the rule is about, imports they must not make, why)
+RULES = [
+    (("handler.engine",), ("handler.serving", "handler.api", "handler.config"), "the engine knows token ids only"),
+    (
+        ("handler.engine.sequence", "handler.engine.detokenizer", "handler.engine.stops"),
+        ENGINE_DRIVERS,
+        "a Sequence drives nothing",
+    ),
+    (
+        ("handler.api",),
+        ("handler.backends", "handler.serving", "handler.config", *ENGINE_DRIVERS),
+        "wire formats never see the backend contract, TorchServe or the engine's drivers",
+    ),
+    (
+        ("handler.backends",),
+        ("handler.api", "handler.serving", "handler.engine"),
+        "backends never see the wire, TorchServe or the engine",
+    ),
+    (
+        ("handler.neuron",),
+        ("handler.config", "handler.backends", "handler.serving"),
+        "the SDK-free neuron/ takes plain values",
+    ),
+    (("handler.request", "handler.errors", "handler.failpoints"), ("handler",), "the domain types stand alone"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(HANDLER.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from handler import drain`
+    return found
+
+
+def within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+MODULES = {module_name(p): imports_of(p) for p in sorted(HANDLER.rglob("*.py"))}
+
+
+@pytest.mark.parametrize(("subjects", "forbidden", "why"), RULES, ids=[r[2] for r in RULES])
+def test_layer_rule(subjects: tuple[str, ...], forbidden: tuple[str, ...], why: str) -> None:
+    broken = [
+        f"{module} imports {name}"
+        for module, names in MODULES.items()
+        if within(module, subjects)
+        for name in sorted(names)
+        if within(name, forbidden)
+    ]
+    assert not broken, f"{why}: " + "; ".join(broken)
+
+
+def test_only_the_adapter_imports_torchserve() -> None:
+    allowed = ("handler.serving", "handler.inf2_handler")
+    broken = [
+        f"{module} imports {name}"
+        for module, names in MODULES.items()
+        if not within(module, allowed)
+        for name in names
+        if within(name, ("ts",))
+    ]
+    assert not broken, "`ts` only in serving/ and inf2_handler.py: " + "; ".join(broken)
+
+
+def test_handler_holds_few_loose_modules() -> None:
+    loose = sorted(p.name for p in HANDLER.glob("*.py"))
+    assert loose == ["__init__.py", "config.py", "errors.py", "failpoints.py", "inf2_handler.py", "request.py"]
+
+
+def test_the_rules_see_a_break() -> None:
+    """The scan itself: a forbidden import inside a function is found."""
+    tree = "def f():\n    from handler.serving.service import body_of\n"
+    path = HANDLER.parent / "build" / "layer-probe.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(tree)
+    try:
+        assert "handler.serving.service" in imports_of(path)
+    finally:
+        path.unlink()
