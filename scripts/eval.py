@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 REPO = Path(__file__).resolve().parent.parent
 TASKS_DIR = REPO / "eval" / "tasks"
 TASKS = ("inf2_choice", "inf2_generate")
@@ -94,6 +96,15 @@ def format_scores(rows: list[tuple[str, str, float, float | None, int | None]]) 
     return "\n".join(lines)
 
 
+def server_answers(url: str, timeout_s: float = 5.0) -> bool:
+    """Whether anything answers HTTP at `url` (TorchServe's /ping), whatever the status."""
+    try:
+        httpx.get(f"{url.rstrip('/')}/ping", timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="the TorchServe inference address")
@@ -109,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.lm_eval.exists():
         raise SystemExit(f"{args.lm_eval} not found: run `make lm-eval` (its own venv, requirements-eval.txt)")
+    if not server_answers(args.url):
+        raise SystemExit(f"nothing answers at {args.url}: start the server first (`make serve`), or pass EVAL_URL")
     args.out.mkdir(parents=True, exist_ok=True)
 
     command = lm_eval_command(args)

@@ -146,7 +146,8 @@ class StepEngine:
                     return
                 self._changed.wait(remaining)
 
-    def drain_records(self) -> list[StepRecord]:
+    def take_records(self) -> list[StepRecord]:
+        """The records of the steps since the last take (the metrics read them once)."""
         with self._changed:
             records, self._records = self._records, []
         return records

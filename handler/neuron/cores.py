@@ -97,10 +97,6 @@ class CorePlacement:
         return self.cores[0]
 
     @property
-    def count(self) -> int:
-        return len(self.cores)
-
-    @property
     def visible_cores(self) -> str:
         return format_core_list(self.cores)
 

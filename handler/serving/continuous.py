@@ -146,7 +146,7 @@ class ContinuousServing:
             if reply is not None:
                 planned[index] = reply
         self._send(context, ids, planned, replies)
-        self.metrics.engine_steps(context, self.engine.drain_records(), self.engine.occupied, self.engine.waiting)
+        self.metrics.engine_steps(context, self.engine.take_records(), self.engine.occupied, self.engine.waiting)
         self._returned_at = time.perf_counter()
 
     def _send(self, context: Any, ids: dict[int, str], planned: dict[int, _Reply], replies: list[str]) -> None:
@@ -303,7 +303,7 @@ class ContinuousServing:
         gets no further frontend call, so the last call's gauges would otherwise stay up."""
         if self._context is not None:
             self.metrics.engine_steps(
-                self._context, self.engine.drain_records(), self.engine.occupied, self.engine.waiting
+                self._context, self.engine.take_records(), self.engine.occupied, self.engine.waiting
             )
 
     def shutdown(self) -> None:

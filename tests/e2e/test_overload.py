@@ -179,7 +179,11 @@ def check_burst(server: TorchServe) -> None:
         print(f"  {route}: {sum(a.route == route for a in ok)} x 200, 503 body {json.dumps(sample)}")
 
     assert not other, [(a.route, a.status, a.error, a.body) for a in other]  # no timeout, no other status
-    assert len(ok) >= BATCH_SIZE + JOB_QUEUE_SIZE, "the worker and the queue should have taken their share"
+    # What the frontend guarantees on 0.11 and 0.12 alike: its job queue (a LinkedBlockingDeque of
+    # jobQueueSize, Model.addJob) starts empty, so the first jobQueueSize arrivals are queued and
+    # served. How many more get in depends on how fast the worker's aggregator pulls jobs into its
+    # batch while the burst arrives (0.11 pulled one fewer here once: 7 of batchSize + jobQueueSize).
+    assert len(ok) >= JOB_QUEUE_SIZE, "the frontend's queue should have taken its share"
     assert busy, "the burst never filled the queue"
     incomplete = [(a.route, a.finish_reason) for a in ok if a.finish_reason not in ("length", "stop")]
     assert not incomplete, incomplete

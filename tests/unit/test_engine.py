@@ -445,18 +445,18 @@ def test_step_records_after_steps(tiny_tokenizer):
     backend.prefill_cost, backend.decode_cost = 0.5, 0.25
     engine = engine_for(backend)
     assert engine.step() is False  # nothing to do: no record, no step counted
-    assert engine.drain_records() == [] and engine.steps == 0
+    assert engine.take_records() == [] and engine.steps == 0
     engine.submit(make_seq(tiny_tokenizer, "a", max_new_tokens=3))
     engine.submit(make_seq(tiny_tokenizer, "b", max_new_tokens=1))
     engine.submit(make_seq(tiny_tokenizer, "c", max_new_tokens=2))
     engine.step()  # a, b prefilled; b ends at its first token; a decoded
     engine.step()  # c joins b's slot; a ends (3 tokens); c decoded and ends (2 tokens)
     assert engine.steps == 2
-    assert engine.drain_records() == [
+    assert engine.take_records() == [
         StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=2, decoded=1, occupied=1, waiting=1),
         StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=1, decoded=2, occupied=0, waiting=0),
     ]
-    assert engine.drain_records() == []
+    assert engine.take_records() == []
     engine.submit(make_seq(tiny_tokenizer, "d", max_new_tokens=1))
     engine.submit(make_seq(tiny_tokenizer, "e", max_new_tokens=3))
     engine.step()
@@ -465,7 +465,7 @@ def test_step_records_after_steps(tiny_tokenizer):
     engine.submit(make_seq(tiny_tokenizer, "f", max_new_tokens=3))
     engine.step()
     engine.step()  # decode only
-    assert engine.drain_records() == [
+    assert engine.take_records() == [
         StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=2, decoded=1, occupied=1, waiting=0),
         StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=1, decoded=1, occupied=1, waiting=0),
         StepRecord(prefill_s=None, decode_s=0.25, prefilled=0, decoded=1, occupied=0, waiting=0),

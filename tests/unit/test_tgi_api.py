@@ -135,7 +135,13 @@ def test_invalid_or_unsupported_parameters_are_refused(params, body, message):
 
 def test_neutral_values_of_unsupported_knobs_are_accepted():
     # huggingface_hub sends only non-None values, but older clients send these defaults
-    parse({"watermark": False, "best_of": 1, "frequency_penalty": 0, "details": False})
+    neutral = {"watermark": False, "best_of": 1, "frequency_penalty": 0, "details": False}
+    api, request = parse(neutral)
+    _, plain = parse({})
+    assert request == plain  # accepted and changes nothing: the same request as without them
+    assert api.details is False
+    with pytest.raises(InvalidRequest):  # while a non-neutral value of the same knob is refused
+        parse({**neutral, "best_of": 2})
 
 
 def test_a_missing_inputs_or_a_non_object_body_is_refused():
