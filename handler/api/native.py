@@ -1,5 +1,12 @@
 """The native route, `POST /predictions/<model>`: NDJSON streaming or one JSON body.
 
+Three body shapes are accepted:
+  (a) `{"prompt": ..., "max_new_tokens": ..., ...}`
+  (b) the Hugging Face / SageMaker form `{"inputs": ..., "parameters": {...}}`
+  (c) plain text, taken as the prompt.
+The body decides, not the Content-Type header: SageMaker clients send plain text as
+application/json, and SageMaker's toolkit may hand the body over undecoded (bytes).
+
 Streaming: one JSON object per line; `text` fields concatenate to the completion; the
 last line adds `finish_reason` and `usage`. A failure after the first line is reported
 in-band as a last `{"error": ...}` line (the 200 status is already on the wire).
@@ -8,14 +15,16 @@ in-band as a last `{"error": ...}` line (the 200 status is already on the wire).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from handler.api.base import Api
-from handler.api.common import parse_request
+from handler.api.common import checked_max_new_tokens, dotted, extra_fields, log_ignored, stop_strings, validated
 from handler.api.logprobs import native_token, take_tokens, text_sent
+from handler.api.native_schemas import GenerationParameters, HuggingFaceRequest, NativeRequest
 from handler.engine.sequence import Sequence
-from handler.errors import ServingError, to_http
-from handler.request import GenerationRequest, Limits
+from handler.errors import InvalidRequest, ServingError, to_http
+from handler.request import GenerationRequest, Limits, SamplingParams
 
 NDJSON = "application/x-ndjson"
 JSON = "application/json"
@@ -41,6 +50,65 @@ def _add_logprobs(body: dict[str, Any], sequence: Sequence, sent: int | None) ->
         body["prompt_tokens"] = prompt
     if request.logprobs is not None:
         body["tokens"] = [native_token(t) for t in tokens if not t.prompt]
+
+
+def parse_request(body: dict[str, Any] | str, limits: Limits) -> GenerationRequest:
+    """Validate one decoded body (`common.decode_body`); raises `InvalidRequest` naming the bad field."""
+    if isinstance(body, str):
+        return _build(body, GenerationParameters(), None, limits)
+    if "inputs" in body:
+        hf = validated(HuggingFaceRequest, body, _field_name)
+        log_ignored("native", extra_fields(hf, "") + extra_fields(hf.parameters, "parameters."))
+        return _build(hf.inputs, hf.parameters, hf.stream, limits)
+    native = validated(NativeRequest, body, _field_name)
+    log_ignored("native", extra_fields(native))
+    return _build(native.prompt, native, None, limits)
+
+
+def _field_name(path: list[Any]) -> str:
+    """`parameters.<name>` in form (b), else the top-level field (a stop list's item blames `stop`)."""
+    return dotted(path[:2]) if path[:1] == ["parameters"] and len(path) > 1 else dotted(path[:1])
+
+
+def _build(prompt: str, params: GenerationParameters, stream: bool | None, limits: Limits) -> GenerationRequest:
+    if not prompt.strip():
+        raise InvalidRequest("the prompt is empty", "prompt")
+    max_new_tokens = checked_max_new_tokens(params.max_new_tokens, limits, "max_new_tokens")
+    if params.stream is not None:
+        stream = params.stream
+    return GenerationRequest(
+        prompt=prompt,
+        max_new_tokens=max_new_tokens,
+        sampling=_sampling(params),
+        stop=stop_strings(params.stop),
+        stream=True if stream is None else stream,
+        ignore_eos=bool(params.ignore_eos),
+        logprobs=params.logprobs,
+        prompt_logprobs=bool(params.prompt_logprobs or params.echo),
+        prompt_logprobs_param="prompt_logprobs" if params.prompt_logprobs else "echo",
+    )
+
+
+def _sampling(params: GenerationParameters) -> SamplingParams:
+    temperature = 1.0 if params.temperature is None else float(params.temperature)
+    if not math.isfinite(temperature) or temperature < 0:
+        raise InvalidRequest(f"temperature must be a finite number >= 0, got {params.temperature}", "temperature")
+    if params.repetition_penalty is not None and not math.isfinite(params.repetition_penalty):
+        raise InvalidRequest("repetition_penalty must be finite", "repetition_penalty")
+    if params.do_sample is not None:
+        do_sample = params.do_sample
+    else:  # asking for a sampling knob means asking for sampling
+        do_sample = any(v is not None for v in (params.temperature, params.top_k, params.top_p))
+    if temperature == 0:
+        do_sample = False
+    return SamplingParams(
+        do_sample=do_sample,
+        temperature=temperature,
+        top_k=params.top_k or 0,
+        top_p=1.0 if params.top_p is None else float(params.top_p),
+        repetition_penalty=1.0 if params.repetition_penalty is None else float(params.repetition_penalty),
+        seed=params.seed,
+    )
 
 
 class NativeApi(Api):

@@ -15,17 +15,24 @@ One instance serves one request (`select_api` builds a fresh one), so the id, th
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from abc import abstractmethod
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from handler.api.base import Api
 from handler.api.chat_template import render_chat
-from handler.api.common import checked_max_new_tokens, decode_body, stop_strings
+from handler.api.common import (
+    checked_max_new_tokens,
+    compact_json,
+    extra_fields,
+    log_ignored,
+    sse,
+    stop_strings,
+    validated,
+)
 from handler.api.logprobs import RenderedToken, as_bytes, take_tokens, text_sent
 from handler.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from handler.engine.sequence import FinishReason, Sequence
@@ -44,14 +51,6 @@ _FINISH_REASONS = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishRe
 _PARAM_NAMES = {"max_new_tokens": "max_tokens"}
 
 
-def _json(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def sse(obj: dict[str, Any]) -> str:
-    return f"data: {_json(obj)}\n\n"
-
-
 def error_body(error: ServingError) -> dict[str, Any]:
     """The OpenAI error object: {"error": {"message", "type", "param", "code"}}."""
     body = to_http(error).body
@@ -64,32 +63,6 @@ def error_body(error: ServingError) -> dict[str, Any]:
 def usage(sequence: Sequence) -> dict[str, int]:
     prompt, completion = len(sequence.prompt_ids), sequence.completion_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(part) for part in _param_path(data, err["loc"], err["type"] == "missing")) or "body"
-        if err["type"] == "missing":
-            raise InvalidRequest(f"'{param}' is required", param) from None
-        raise InvalidRequest(f"'{param}': {err['msg']}", param) from None
-
-
-def _param_path(data: Any, loc: tuple[Any, ...], missing: bool) -> list[Any]:
-    """The error's location in the body, without pydantic's union tags (`prompt.str` -> `prompt`)."""
-    path: list[Any] = []
-    node = data
-    for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            node = node[part]
-        elif not (missing and isinstance(node, dict)):
-            continue  # a union member's name, not a place in the body
-        path.append(part)
-    return path
 
 
 class _OpenAIGeneration(Api):
@@ -109,14 +82,11 @@ class _OpenAIGeneration(Api):
         self.started = False
 
     # -- request -----------------------------------------------------------------
-    def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
-        decoded = decode_body(body)
-        if isinstance(decoded, str):
+    def parse(self, body: dict[str, Any] | str, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
+        if isinstance(body, str):
             raise InvalidRequest("the request body must be a JSON object", "body")
-        req = _validate(self.schema, decoded)
-        extra = sorted((req.model_extra or {}).keys())
-        if extra:
-            logger.info("%s: ignoring unsupported fields: %s", self.name, ", ".join(extra))
+        req = validated(self.schema, body)
+        log_ignored(self.name, extra_fields(req))
         if req.n not in (None, 1):
             raise InvalidRequest(f"only n=1 is supported, got n={req.n}", "n")
         self.model = req.model or self.model
@@ -185,7 +155,7 @@ class _OpenAIGeneration(Api):
             choice = self._whole_choice(sequence, sequence.full_text, reason)
             body = self._envelope(sequence, self.object_name, [choice])
             body["usage"] = usage(sequence)
-            return _json(body)
+            return compact_json(body)
         out = self._event(sequence, self._stream_choice(sequence, "", reason))
         self.started = True
         if self.include_usage:
@@ -196,7 +166,7 @@ class _OpenAIGeneration(Api):
 
     def error(self, error: ServingError, midstream: bool) -> str:
         body = error_body(error)
-        return sse(body) + DONE if midstream else _json(body)
+        return sse(body) + DONE if midstream else compact_json(body)
 
 
 class CompletionsApi(_OpenAIGeneration):
@@ -307,10 +277,10 @@ class ModelsApi(Api):
 
     def immediate(self) -> str | None:
         if self.model_id is None:
-            return _json({"object": "list", "data": [self._card()]})
+            return compact_json({"object": "list", "data": [self._card()]})
         if self.model_id != self.model_name:
             raise NotFound(f"the model '{self.model_id}' does not exist; this server has '{self.model_name}'", "model")
-        return _json(self._card())
+        return compact_json(self._card())
 
     def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
         raise InvalidRequest("v1/models generates nothing", "url_path")
@@ -325,7 +295,7 @@ class ModelsApi(Api):
         raise NotImplementedError
 
     def error(self, error: ServingError, midstream: bool) -> str:
-        return _json(error_body(error))
+        return compact_json(error_body(error))
 
 
 def legacy_logprobs(tokens: list[RenderedToken]) -> dict[str, Any]:

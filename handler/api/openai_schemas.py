@@ -9,18 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from handler.api.common import Lenient
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-
-class StreamOptions(_Lenient):
+class StreamOptions(Lenient):
     include_usage: StrictBool = False
 
 
-class _Common(_Lenient):
+class _Common(Lenient):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: StrictStr | None = None
@@ -46,12 +44,12 @@ class CompletionRequest(_Common):
     logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
 
 
-class TextPart(_Lenient):
+class TextPart(Lenient):
     type: Literal["text"]
     text: StrictStr
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(Lenient):
     role: StrictStr = Field(min_length=1)
     content: StrictStr | list[TextPart] | None = None
 

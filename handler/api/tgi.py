@@ -24,16 +24,23 @@ One instance serves one request: it remembers which tokens' events went out.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
+from http import HTTPStatus
 from typing import Any
 
-from pydantic import ValidationError
-
 from handler.api.base import Api
-from handler.api.common import MAX_STOP_STRINGS, checked_max_new_tokens, decode_body
+from handler.api.common import (
+    checked_max_new_tokens,
+    compact_json,
+    dotted,
+    extra_fields,
+    log_ignored,
+    sse,
+    stop_strings,
+    validated,
+)
 from handler.api.tgi_schemas import TgiParameters, TgiRequest
 from handler.engine.sequence import FinishReason, Sequence
 from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError
@@ -47,22 +54,10 @@ MAX_TOP_N_TOKENS = 5  # TGI's default --max-top-n-tokens
 SEED_LIMIT = 2**63
 
 FINISH_REASONS = {FinishReason.EOS: "eos_token", FinishReason.LENGTH: "length", FinishReason.STOP: "stop_sequence"}
-_PHRASES = {
-    404: "Not Found",
-    422: "Unprocessable Entity",
-    424: "Failed Dependency",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
 
 
-def _json(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def sse(obj: dict[str, Any]) -> str:
-    return f"data:{_json(obj)}\n\n"
+def tgi_sse(obj: dict[str, Any]) -> str:
+    return sse(obj, field="data:")  # TGI writes no space after the colon
 
 
 def error_type(error: ServingError, midstream: bool = False) -> str:
@@ -103,15 +98,12 @@ class TgiApi(Api):
         self._special: frozenset[int] | None = None
 
     # -- request -----------------------------------------------------------------
-    def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
-        decoded = decode_body(body)
-        if isinstance(decoded, str):
+    def parse(self, body: dict[str, Any] | str, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
+        if isinstance(body, str):
             raise InvalidRequest('the request body must be a JSON object {"inputs": ..., "parameters": {...}}', "body")
-        req = _validate(decoded)
+        req = validated(TgiRequest, body, _field_name, quote="`")
         params = req.parameters
-        extra = sorted([*(req.model_extra or {}), *(f"parameters.{k}" for k in params.model_extra or {})])
-        if extra:
-            logger.info("tgi: ignoring unknown fields: %s", ", ".join(extra))
+        log_ignored("tgi", extra_fields(req) + extra_fields(params, "parameters."))
         if not req.inputs.strip():
             raise InvalidRequest("`inputs` cannot be empty", "inputs")
         stream = self.always_stream or bool(req.stream)
@@ -151,16 +143,16 @@ class TgiApi(Api):
         covered, out = 0, []
         while self.sent < len(texts) and covered < len(delta) and self.sent != last:
             covered += len(texts[self.sent])
-            out.append(sse(self._stream_event(sequence, self.sent, texts[self.sent])))
+            out.append(tgi_sse(self._stream_event(sequence, self.sent, texts[self.sent])))
             self.sent += 1
         return "".join(out)
 
     def final(self, sequence: Sequence) -> str:
         if not sequence.request.stream:
             body = self._whole(sequence)
-            return _json([body] if self.as_list else body)
+            return compact_json([body] if self.as_list else body)
         texts = list(sequence.text)
-        out = [sse(self._stream_event(sequence, i, texts[i])) for i in range(self.sent, len(texts) - 1)]
+        out = [tgi_sse(self._stream_event(sequence, i, texts[i])) for i in range(self.sent, len(texts) - 1)]
         last = len(texts) - 1
         event = (
             self._stream_event(sequence, last, texts[last])
@@ -176,17 +168,17 @@ class TgiApi(Api):
                 "seed": self.seed,
                 "input_length": len(sequence.prompt_ids),
             }
-        out.append(sse(event))
+        out.append(tgi_sse(event))
         return "".join(out)
 
     def error(self, error: ServingError, midstream: bool) -> str:
         if midstream:
-            return sse(error_body(error, midstream=True))
-        return _json(error_body(error))
+            return tgi_sse(error_body(error, midstream=True))
+        return compact_json(error_body(error))
 
     def http_status(self, error: ServingError) -> tuple[int, str]:
         status = http_status(error)
-        return status, _PHRASES.get(status, "")
+        return status, HTTPStatus(status).phrase
 
     # -- rendering ---------------------------------------------------------------
     def _generated_text(self, sequence: Sequence) -> str:
@@ -253,16 +245,9 @@ def _decode_one(sequence: Sequence, token_id: int) -> str:
     return sequence.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def _validate(data: dict[str, Any]) -> TgiRequest:
-    try:
-        return TgiRequest.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = [str(part) for part in err["loc"]]
-        param = loc[1] if loc[0] == "parameters" and len(loc) > 1 else loc[0]
-        if err["type"] == "missing":
-            raise InvalidRequest(f"`{param}` is required", param) from None
-        raise InvalidRequest(f"`{param}`: {err['msg']}", param) from None
+def _field_name(path: list[Any]) -> str:
+    """TGI names a parameter by itself (`temperature`, not `parameters.temperature`)."""
+    return str(path[1]) if path[:1] == ["parameters"] and len(path) > 1 else dotted(path[:1])
 
 
 def _unsupported(param: str, why: str = "") -> InvalidRequest:
@@ -353,9 +338,5 @@ def _max_new_tokens(value: int | None, limits: Limits) -> int:
 
 
 def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
-    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if len(stops) > MAX_STOP_STRINGS:
-        raise InvalidRequest(f"`stop` supports up to {MAX_STOP_STRINGS} stop sequences. Given: {len(stops)}", "stop")
-    if any(s == "" for s in stops):
-        raise InvalidRequest("`stop` sequences must not be empty", "stop")
-    return tuple(stops)
+    too_many = "`stop` supports up to {limit} stop sequences. Given: {count}"
+    return stop_strings(stop, too_many, "`stop` sequences must not be empty")

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr
+
+from handler.api.common import Lenient
 
 Number = StrictFloat | StrictInt
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-
-class TgiParameters(_Lenient):
+class TgiParameters(Lenient):
     """TGI's `GenerateParameters` (router lib.rs), plus `ignore_eos` (this server's extension)."""
 
     best_of: StrictInt | None = None
@@ -44,7 +42,7 @@ class TgiParameters(_Lenient):
     ignore_eos: StrictBool | None = None
 
 
-class TgiRequest(_Lenient):
+class TgiRequest(Lenient):
     """TGI's `GenerateRequest` (and `CompatGenerateRequest`, which adds `stream`)."""
 
     inputs: StrictStr

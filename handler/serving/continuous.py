@@ -186,9 +186,7 @@ class ContinuousServing:
         return cap if left is None or left <= 0 else min(cap, left)
 
     def _admit(self, index: int, request_id: str, row: Any, context: Any) -> None:
-        work = self.service.prepare(index, row, context)
-        if self.drain.draining:  # answered like any other error, in the route's own format
-            work.sequence, work.reply, work.error = None, None, drain.refused()
+        work = self.service.prepare(index, row, context, drain.refused() if self.drain.draining else None)
         self._tracked[request_id] = _Tracked(work)
         if work.sequence is not None:
             self.engine.submit(work.sequence)

@@ -73,18 +73,22 @@ class GenerationService:
         )
         return cls(config, backend)
 
-    def prepare(self, index: int, row: Any, context: Any) -> Work:
-        """Parse, validate and tokenize request `index` of a TorchServe call."""
+    def prepare(self, index: int, row: Any, context: Any, refusal: ServingError | None = None) -> Work:
+        """Parse, validate and tokenize request `index` of a TorchServe call. The body is decoded
+        once, here. `refusal` (the drain's 503) answers the request in its route's own format."""
         work = Work(index, context.get_request_id(index) or str(index), NativeApi())
         work.arrived_at = arrival_time(context, index)
         try:
             url_path = context.get_request_header(index, "url_path")
             body = None if route_path(url_path) else decode_body(body_of(row))  # no route: the body picks it
             work.api = select_api(url_path, context.model_name, body, self.config.handler.no_route_api)
+            if refusal is not None:
+                raise refusal
             work.reply = work.api.immediate()
             if work.reply is not None:
                 return work
-            request = work.api.parse(body_of(row) if body is None else body, self.limits, self.backend.tokenizer)
+            body = decode_body(body_of(row)) if body is None else body
+            request = work.api.parse(body, self.limits, self.backend.tokenizer)
             self._check_logprobs(request)
             if request.prompt_token_ids is not None:
                 prompt_ids = self._checked_token_ids(request.prompt_token_ids)

@@ -61,10 +61,7 @@ class StaticServing:
         return [self._prepare(index, row) for index, row in indexed_rows]
 
     def _prepare(self, index: int, row: Any) -> Work:
-        work = self.service.prepare(index, row, self.context)
-        if self.drain.draining:  # answered like any other error, in the route's own format
-            work.sequence, work.reply, work.error = None, None, drain.refused()
-        return work
+        return self.service.prepare(index, row, self.context, drain.refused() if self.drain.draining else None)
 
     def inference(self, work: list[Work], *args: Any, **kwargs: Any) -> list[Work]:
         context = self.context

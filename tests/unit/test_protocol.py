@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from handler.api.common import parse_request
+from handler.api.common import decode_body
+from handler.api.native import parse_request
 from handler.errors import InvalidRequest
 from handler.request import Limits
 
@@ -10,7 +11,7 @@ LIMITS = Limits(default_max_new_tokens=16, max_new_tokens=100)
 
 
 def parse(body):
-    return parse_request(body, LIMITS)
+    return parse_request(decode_body(body), LIMITS)
 
 
 def rejected(body) -> InvalidRequest:
