@@ -38,9 +38,6 @@ class GenerationRequest:
     # A prompt given as token ids (OpenAI completions' list-of-ints prompt): used as is, never
     # re-tokenized and no special tokens added; `prompt` then holds its decoded text.
     prompt_token_ids: tuple[int, ...] | None = None
-    # The body fields a 400 about logprobs names (each route spells them its own way).
-    logprobs_param: str = "logprobs"
-    prompt_logprobs_param: str = "echo"
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ completions. Native bodies (`prompt` without `model`, `inputs`, plain text) stay
 except that with `handler.no_route_api: tgi` an `inputs` body is answered in TGI's format
 (non-streamed as a one-element list, like TGI's `POST /` and SageMaker's HF LLM containers).
 
-OpenAI and TGI Apis keep per-request state (id, first chunk sent, tokens sent), so each
-request gets a fresh instance; the stateless native Api is shared.
+Every Api keeps per-request wire state (id, first chunk sent, logprob tokens and text sent),
+so each request gets a fresh instance.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from handler.api.openai import ChatCompletionsApi, CompletionsApi, ModelsApi
 from handler.api.tgi import TgiApi
 from handler.errors import NotFound
 
-_NATIVE = NativeApi()
 _GENERATION_ROUTES: dict[str, type[CompletionsApi] | type[ChatCompletionsApi]] = {
     "v1/completions": CompletionsApi,
     "v1/chat/completions": ChatCompletionsApi,
@@ -72,4 +71,4 @@ def _api_for_body(body: dict[str, Any] | str | None, model_name: str, no_route_a
         return CompletionsApi(model_name)
     if no_route_api == "tgi" and isinstance(body, dict) and "inputs" in body:
         return TgiApi(as_list=True)
-    return _NATIVE
+    return NativeApi()

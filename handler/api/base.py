@@ -25,6 +25,11 @@ class Api(ABC):
         e.g. chat messages rendered with the model's chat template.
         """
 
+    def wire_name(self, field: str) -> str:
+        """This route's name for a request field the service checks after parsing (`logprobs`,
+        `prompt_logprobs`, `max_new_tokens`, `prompt`), for the 400 that names it."""
+        return field
+
     def immediate(self) -> str | None:
         """The whole response body for a route that needs no generation (a model
         listing); None (the default) to parse the body and generate."""

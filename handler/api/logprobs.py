@@ -21,7 +21,6 @@ from handler.engine.sequence import Sequence
 from handler.request import PromptTokenLogprob, TokenChoice
 
 CONTEXT_TOKENS = 4
-_STATE = "logprobs"
 
 
 @dataclass(frozen=True)
@@ -113,30 +112,36 @@ class _Renderer:
         return self.tokens[start : self.sent]
 
 
-def take_tokens(
-    sequence: Sequence,
-    *,
-    text_sent: int | None,
-    with_prompt: bool,
-    echo_offset: int = 0,
-    include_chosen: bool = True,
-) -> list[RenderedToken]:
-    """The rendered tokens of `sequence` a response may send now (see the module docstring);
-    `text_sent` is how much of the response text has been sent, this chunk included (None: the
-    last chunk, everything left). `echo_offset`: the length of the echoed prompt, where the
-    generated tokens' offsets start."""
-    renderer = sequence.wire_state.get(_STATE)
-    if renderer is None:
-        renderer = sequence.wire_state[_STATE] = _Renderer(sequence, echo_offset, include_chosen)
-    renderer.update(sequence, with_prompt)
-    return renderer.take(text_sent)
+class TokenLog:
+    """One response's tokens as rendered so far and how much of its text has gone out: wire
+    state, so it lives on the request's `Api` instance, not on the engine's `Sequence`."""
 
+    def __init__(self) -> None:
+        self._renderer: _Renderer | None = None
+        self.text_sent = 0
 
-def text_sent(sequence: Sequence, delta: str) -> int:
-    """How much response text has gone out, counting `delta` (kept per request)."""
-    sent = sequence.wire_state.get("text_sent", 0) + len(delta)
-    sequence.wire_state["text_sent"] = sent
-    return sent
+    def sent(self, delta: str) -> int:
+        """How much response text has gone out, counting `delta`."""
+        self.text_sent += len(delta)
+        return self.text_sent
+
+    def take(
+        self,
+        sequence: Sequence,
+        *,
+        text_sent: int | None,
+        with_prompt: bool,
+        echo_offset: int = 0,
+        include_chosen: bool = True,
+    ) -> list[RenderedToken]:
+        """The rendered tokens of `sequence` a response may send now (see the module docstring);
+        `text_sent` is how much of the response text has been sent, this chunk included (None: the
+        last chunk, everything left). `echo_offset`: the length of the echoed prompt, where the
+        generated tokens' offsets start."""
+        if self._renderer is None:
+            self._renderer = _Renderer(sequence, echo_offset, include_chosen)
+        self._renderer.update(sequence, with_prompt)
+        return self._renderer.take(text_sent)
 
 
 def as_bytes(text: str) -> list[int]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from handler.api.base import Api
 from handler.api.common import checked_max_new_tokens, dotted, extra_fields, log_ignored, stop_strings, validated
-from handler.api.logprobs import native_token, take_tokens, text_sent
+from handler.api.logprobs import TokenLog, native_token
 from handler.api.native_schemas import GenerationParameters, HuggingFaceRequest, NativeRequest
 from handler.engine.sequence import Sequence
 from handler.errors import InvalidRequest, ServingError, to_http
@@ -38,13 +38,13 @@ def usage(sequence: Sequence) -> dict[str, int]:
     return {"prompt_tokens": len(sequence.prompt_ids), "completion_tokens": sequence.completion_tokens}
 
 
-def _add_logprobs(body: dict[str, Any], sequence: Sequence, sent: int | None) -> None:
+def _add_logprobs(log: TokenLog, body: dict[str, Any], sequence: Sequence, sent: int | None) -> None:
     """`prompt_tokens` (once, with the first line) and `tokens` (those whose text this line
     completes; the last line has the rest, EOS included), when the request asked for them."""
     request = sequence.request
     if request.logprobs is None and not request.prompt_logprobs:
         return
-    tokens = take_tokens(sequence, text_sent=sent, with_prompt=request.prompt_logprobs)
+    tokens = log.take(sequence, text_sent=sent, with_prompt=request.prompt_logprobs)
     prompt = [native_token(t) for t in tokens if t.prompt]
     if prompt:
         body["prompt_tokens"] = prompt
@@ -85,7 +85,6 @@ def _build(prompt: str, params: GenerationParameters, stream: bool | None, limit
         ignore_eos=bool(params.ignore_eos),
         logprobs=params.logprobs,
         prompt_logprobs=bool(params.prompt_logprobs or params.echo),
-        prompt_logprobs_param="prompt_logprobs" if params.prompt_logprobs else "echo",
     )
 
 
@@ -114,22 +113,33 @@ def _sampling(params: GenerationParameters) -> SamplingParams:
 class NativeApi(Api):
     name = "native"
 
+    def __init__(self) -> None:
+        self.tokens = TokenLog()
+        self.prompt_logprobs_field = "prompt_logprobs"
+
     def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
+        if isinstance(body, dict):  # the prompt's logprobs by either name: a 400 names the one sent
+            params = body.get("parameters") if "inputs" in body else body
+            if isinstance(params, dict) and "echo" in params and "prompt_logprobs" not in params:
+                self.prompt_logprobs_field = "echo"
         return parse_request(body, limits)
+
+    def wire_name(self, field: str) -> str:
+        return self.prompt_logprobs_field if field == "prompt_logprobs" else field
 
     def content_type(self, request: GenerationRequest) -> str:
         return NDJSON if request.stream else JSON
 
     def chunk(self, sequence: Sequence, delta: str) -> str:
         body: dict[str, Any] = {"text": delta}
-        _add_logprobs(body, sequence, text_sent(sequence, delta))
+        _add_logprobs(self.tokens, body, sequence, self.tokens.sent(delta))
         return _line(body)
 
     def final(self, sequence: Sequence) -> str:
         streaming = sequence.request.stream
         text = "" if streaming else sequence.full_text
         body: dict[str, Any] = {"text": text}
-        _add_logprobs(body, sequence, None)
+        _add_logprobs(self.tokens, body, sequence, None)
         body.update(finish_reason=sequence.finish_reason.value, usage=usage(sequence))
         return _line(body) if streaming else json.dumps(body, ensure_ascii=False)
 

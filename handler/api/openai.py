@@ -33,7 +33,7 @@ from handler.api.common import (
     stop_strings,
     validated,
 )
-from handler.api.logprobs import RenderedToken, as_bytes, take_tokens, text_sent
+from handler.api.logprobs import RenderedToken, TokenLog, as_bytes
 from handler.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from handler.engine.sequence import FinishReason, Sequence
 from handler.errors import InvalidRequest, NotFound, ServingError, to_http
@@ -47,15 +47,14 @@ DONE = "data: [DONE]\n\n"
 OWNER = "inf2-llm-serving"
 
 _FINISH_REASONS = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
-# The service checks lengths with native names; tell OpenAI clients their own.
-_PARAM_NAMES = {"max_new_tokens": "max_tokens"}
+# The service checks lengths and logprobs with the domain's names; OpenAI clients read their own.
+_PARAM_NAMES = {"max_new_tokens": "max_tokens", "prompt_logprobs": "echo"}
 
 
 def error_body(error: ServingError) -> dict[str, Any]:
     """The OpenAI error object: {"error": {"message", "type", "param", "code"}}."""
     body = to_http(error).body
     inner = dict(body["error"])
-    inner["param"] = _PARAM_NAMES.get(inner.get("param"), inner.get("param"))
     inner["code"] = None
     return {"error": inner}
 
@@ -80,6 +79,7 @@ class _OpenAIGeneration(Api):
         self.created = int(time.time())
         self.include_usage = False
         self.started = False
+        self.tokens = TokenLog()
 
     # -- request -----------------------------------------------------------------
     def parse(self, body: dict[str, Any] | str, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
@@ -106,8 +106,6 @@ class _OpenAIGeneration(Api):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             prompt_token_ids=token_ids,
-            logprobs_param="logprobs",
-            prompt_logprobs_param="echo",
         )
 
     @abstractmethod
@@ -118,6 +116,9 @@ class _OpenAIGeneration(Api):
     @abstractmethod
     def _logprobs(self, req: Any) -> tuple[int | None, bool]:
         """The request's `logprobs` (None: none) and whether it wants the prompt's too."""
+
+    def wire_name(self, field: str) -> str:
+        return _PARAM_NAMES.get(field, field)
 
     def content_type(self, request: GenerationRequest) -> str:
         return SSE if request.stream else JSON
@@ -208,12 +209,12 @@ class CompletionsApi(_OpenAIGeneration):
         if sequence.request.logprobs is None:
             return None
         echo_offset = len(sequence.request.prompt) if self.echo else 0
-        tokens = take_tokens(sequence, text_sent=sent, with_prompt=self.echo, echo_offset=echo_offset)
+        tokens = self.tokens.take(sequence, text_sent=sent, with_prompt=self.echo, echo_offset=echo_offset)
         return legacy_logprobs(tokens)
 
     def _stream_choice(self, sequence: Sequence, text: str, finish_reason: str | None) -> dict[str, Any]:
         text = self._text(sequence, text, not self.started)
-        sent = text_sent(sequence, text)
+        sent = self.tokens.sent(text)
         logprobs = self._legacy_logprobs(sequence, None if finish_reason is not None else sent)
         return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
@@ -242,7 +243,7 @@ class ChatCompletionsApi(_OpenAIGeneration):
     def _chat_logprobs(self, sequence: Sequence, sent: int | None) -> dict[str, Any] | None:
         if sequence.request.logprobs is None:
             return None
-        tokens = take_tokens(sequence, text_sent=sent, with_prompt=False, include_chosen=False)
+        tokens = self.tokens.take(sequence, text_sent=sent, with_prompt=False, include_chosen=False)
         ends_at_eos = not sequence.request.ignore_eos
         content = [
             chat_token(t) for t in tokens if not (ends_at_eos and t.token_id in sequence.eos_token_ids)
@@ -253,7 +254,7 @@ class ChatCompletionsApi(_OpenAIGeneration):
         delta: dict[str, Any] = {} if self.started else {"role": "assistant"}
         if text or not self.started or finish_reason is None:
             delta["content"] = text
-        sent = text_sent(sequence, text)
+        sent = self.tokens.sent(text)
         logprobs = self._chat_logprobs(sequence, None if finish_reason is not None else sent)
         return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 

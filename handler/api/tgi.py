@@ -126,9 +126,6 @@ class TgiApi(Api):
             ignore_eos=bool(params.ignore_eos),
             logprobs=self.top_n if wants_logprobs else None,
             prompt_logprobs=self.prefill_details,
-            # what a backend's refusal names (sim has no logits; neuronx needs output_all_logits)
-            logprobs_param="parameters.top_n_tokens" if self.top_n > 0 else "parameters.details",
-            prompt_logprobs_param="parameters.decoder_input_details",
         )
 
     def content_type(self, request: GenerationRequest) -> str:
@@ -175,6 +172,14 @@ class TgiApi(Api):
         if midstream:
             return tgi_sse(error_body(error, midstream=True))
         return compact_json(error_body(error))
+
+    def wire_name(self, field: str) -> str:
+        """What a backend's refusal names (sim has no logits; neuronx needs output_all_logits)."""
+        if field == "logprobs":
+            return "parameters.top_n_tokens" if self.top_n > 0 else "parameters.details"
+        if field == "prompt_logprobs":
+            return "parameters.decoder_input_details"
+        return field
 
     def http_status(self, error: ServingError) -> tuple[int, str]:
         status = http_status(error)

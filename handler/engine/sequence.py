@@ -49,7 +49,6 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)  # every generated token, EOS included
     choices: list[TokenChoice] = field(default_factory=list)  # kept when the request asked for logprobs
     prompt_logprobs: tuple[PromptTokenLogprob, ...] = ()  # from the prefill, when the request asked (echo)
-    wire_state: dict[str, Any] = field(default_factory=dict)  # a wire format's per-request state (logprobs sent)
     admitted_at: float | None = None  # given a slot (continuous) or its micro-batch started (static)
     first_token_at: float | None = None
     last_token_at: float | None = None

@@ -89,7 +89,7 @@ class GenerationService:
                 return work
             body = decode_body(body_of(row)) if body is None else body
             request = work.api.parse(body, self.limits, self.backend.tokenizer)
-            self._check_logprobs(request)
+            self._check_logprobs(request, work.api)
             if request.prompt_token_ids is not None:
                 prompt_ids = self._checked_token_ids(request.prompt_token_ids)
                 if not request.prompt:  # the text an echo repeats, and what logs and stop strings see
@@ -99,7 +99,7 @@ class GenerationService:
             else:
                 with self.tokenizer_lock:  # a rendered chat template already holds its special tokens
                     prompt_ids = self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-            self._check_length(request, len(prompt_ids))
+            self._check_length(request, len(prompt_ids), work.api)
             work.sequence = Sequence(
                 request,
                 prompt_ids,
@@ -115,7 +115,7 @@ class GenerationService:
             work.error = EngineError(f"preprocessing failed: {exc}")
         return work
 
-    def _check_logprobs(self, request: GenerationRequest) -> None:
+    def _check_logprobs(self, request: GenerationRequest, api: Api) -> None:
         """The one place a backend's logprob capability is checked (sim has no logits; neuronx has the
         prompt's only with output_all_logits)."""
         wants, wants_prompt = request.logprobs is not None, request.prompt_logprobs
@@ -123,7 +123,7 @@ class GenerationService:
             return
         refusal = self.backend.logprobs_refusal(wants, wants_prompt)
         if refusal is not None:
-            param = request.prompt_logprobs_param if wants_prompt else request.logprobs_param
+            param = api.wire_name("prompt_logprobs" if wants_prompt else "logprobs")
             raise InvalidRequest(f"'{param}' cannot be served: {refusal}", param)
 
     def _checked_token_ids(self, token_ids: tuple[int, ...]) -> list[int]:
@@ -138,10 +138,10 @@ class GenerationService:
             )
         return list(token_ids)
 
-    def _check_length(self, request: GenerationRequest, prompt_tokens: int) -> None:
+    def _check_length(self, request: GenerationRequest, prompt_tokens: int, api: Api) -> None:
         n_positions = self.backend.n_positions
         if prompt_tokens + request.max_new_tokens > n_positions:
-            param = "prompt" if prompt_tokens >= n_positions else "max_new_tokens"
+            param = api.wire_name("prompt" if prompt_tokens >= n_positions else "max_new_tokens")
             raise InvalidRequest(
                 f"prompt ({prompt_tokens} tokens) + max_new_tokens ({request.max_new_tokens}) exceeds the model's "
                 f"n_positions ({n_positions}); shorten the prompt or lower max_new_tokens",

@@ -4,7 +4,7 @@ whole."""
 
 from __future__ import annotations
 
-from handler.api.logprobs import take_tokens, text_sent
+from handler.api.logprobs import TokenLog
 from handler.api.openai import legacy_logprobs
 from handler.engine.sequence import Sequence
 from handler.request import GenerationRequest, PromptTokenLogprob, TokenChoice
@@ -31,7 +31,7 @@ def sequence(tokenizer, generated_text: str = " nice and warm", eos: bool = True
 
 def test_offsets_index_the_echoed_text_and_specials_take_no_room(tiny_tokenizer):
     seq, generated = sequence(tiny_tokenizer)
-    tokens = take_tokens(seq, text_sent=None, with_prompt=True, echo_offset=len(PROMPT))
+    tokens = TokenLog().take(seq, text_sent=None, with_prompt=True, echo_offset=len(PROMPT))
     assert len(tokens) == len(seq.prompt_ids) + len(generated)  # EOS included
     text = PROMPT + seq.full_text
     special = set(tiny_tokenizer.all_special_ids)
@@ -45,7 +45,7 @@ def test_offsets_index_the_echoed_text_and_specials_take_no_room(tiny_tokenizer)
 
 def test_legacy_object_holds_the_chosen_token_among_the_alternatives(tiny_tokenizer):
     seq, _ = sequence(tiny_tokenizer)
-    tokens = take_tokens(seq, text_sent=None, with_prompt=True, echo_offset=len(PROMPT))
+    tokens = TokenLog().take(seq, text_sent=None, with_prompt=True, echo_offset=len(PROMPT))
     lp = legacy_logprobs(tokens)
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     for token_text, logprob, top in zip(
@@ -57,13 +57,13 @@ def test_legacy_object_holds_the_chosen_token_among_the_alternatives(tiny_tokeni
 
 def test_streamed_slices_follow_the_text_sent_and_add_up(tiny_tokenizer):
     seq, generated = sequence(tiny_tokenizer, eos=False)
-    whole = [t.token_id for t in take_tokens(seq, text_sent=None, with_prompt=False)]
-    seq.wire_state.clear()
-    first = take_tokens(seq, text_sent=text_sent(seq, ""), with_prompt=False)
+    whole = [t.token_id for t in TokenLog().take(seq, text_sent=None, with_prompt=False)]
+    log = TokenLog()  # one response's: the same Sequence may be rendered by another
+    first = log.take(seq, text_sent=log.sent(""), with_prompt=False)
     assert first == []  # no text sent yet: no generated token may go
     pieces = [first]
     for character in seq.full_text[:-1]:
-        pieces.append(take_tokens(seq, text_sent=text_sent(seq, character), with_prompt=False))
-    pieces.append(take_tokens(seq, text_sent=None, with_prompt=False))
+        pieces.append(log.take(seq, text_sent=log.sent(character), with_prompt=False))
+    pieces.append(log.take(seq, text_sent=None, with_prompt=False))
     assert [t.token_id for piece in pieces for t in piece] == whole == generated
     assert pieces[-1] and pieces[-1][-1].token_id == generated[-1]  # its text was not all sent before the end
