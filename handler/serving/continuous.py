@@ -40,6 +40,7 @@ from handler.api.native import NativeApi
 from handler.engine.step_engine import StepEngine, Update
 from handler.errors import EngineError, ServingError
 from handler.serving import drain
+from handler.serving.replies import AnsweredInFull, error_reply
 from handler.serving.service import GenerationService, Work
 from handler.serving.ts_compat import ONE_SHOT_REPLIES
 
@@ -75,7 +76,7 @@ class ContinuousServing:
         self.overlap = settings.overlap
         self.step_timeout_s = service.config.handler.step_timeout_s
         self._tracked: dict[str, _Tracked] = {}
-        self._answered: set[str] = set()  # 0.11: answered with a plain error; the frontend may re-send them
+        self._answered = AnsweredInFull()  # 0.11: answered with a plain error; the frontend re-sends them
         self._returned_at: float | None = None  # when the last handle() returned (round trip)
         self._in_call = False
         self._left_call_at = 0.0  # perf_counter when the last handle() returned, whatever happened
@@ -192,8 +193,7 @@ class ContinuousServing:
             self.engine.submit(work.sequence)
 
     def _cancel(self, context: Any, request_id: str) -> None:
-        if request_id in self._answered:
-            self._answered.discard(request_id)
+        if self._answered.end(request_id):
             return
         tracked = self._tracked.pop(request_id)
         if tracked.closing:
@@ -244,10 +244,7 @@ class ContinuousServing:
     def _error_reply(self, tracked: _Tracked, error: ServingError, context: Any) -> _Reply:
         work = tracked.work
         logger.info("request %s failed: %s %s", work.request_id, error.status, error.message)
-        status, phrase = work.api.http_status(error)
-        context.set_response_status(status, phrase, work.index)
-        context.set_response_content_type(work.index, "application/json")
-        return _Reply(work.api.error(error, midstream=False), end=True, plain_error=True)
+        return _Reply(error_reply(context, work.index, work.api, error), end=True, plain_error=True)
 
     def _finished(self, work: Work, context: Any) -> None:
         self.service.log_request(work)
@@ -257,7 +254,7 @@ class ContinuousServing:
         """The stopping criterion for this reply: False continue, True last chunk, None one plain response."""
         tracked = self._tracked.get(request_id)
         if tracked is None:  # 0.11: a job answered in full, re-sent
-            self._answered.discard(request_id)
+            self._answered.end(request_id)
             return True
         if not reply.end:
             tracked.opened = True

@@ -31,6 +31,7 @@ from handler.api import Api, route_path, select_api
 from handler.api.common import decode_body
 from handler.api.native import NativeApi
 from handler.errors import ModelLoadFailed, to_http
+from handler.serving.replies import AnsweredInFull, error_reply
 from handler.serving.state import failed_marker, state_dir
 from handler.serving.ts_compat import ONE_SHOT_REPLIES
 
@@ -84,7 +85,7 @@ class FailedServing:
         self.restart_at = time.monotonic() + hold_s
         self._exit_process = exit_process
         self._lock = threading.Lock()  # the exit waits for a call being answered
-        self._answered: set[str] = set()  # 0.11 continuous: answered in full, re-sent once more
+        self._answered = AnsweredInFull()  # 0.11 continuous: answered in full, re-sent once more
         self._timer = threading.Timer(hold_s, self._restart)
         self._timer.daemon = True
         self._timer.start()
@@ -133,7 +134,7 @@ class FailedServing:
                 replies[index] = self._error(index, data[index], context)
             context.stopping_criteria = [lambda _reply: None] * len(data)
             return replies
-        self._answered &= set(ids.values())  # the others are gone
+        self._answered.keep_only(set(ids.values()))
         new = {index for index, request_id in ids.items() if request_id not in self._answered}
         if new:
             for index, request_id in ids.items():
@@ -149,12 +150,9 @@ class FailedServing:
         return replies
 
     def _error(self, index: int, row: Any, context: Any) -> str:
-        http = to_http(self.error)
-        context.set_response_status(http.status, http.phrase, index)
-        context.set_response_content_type(index, "application/json")
         retry_after = max(1, round(self.restart_at - time.monotonic()))
         context.set_response_header(index, "Retry-After", str(retry_after))
-        return self._api(index, row, context).error(self.error, midstream=False)
+        return error_reply(context, index, self._api(index, row, context), self.error)
 
     @staticmethod
     def _api(index: int, row: Any, context: Any) -> Api:

@@ -25,6 +25,7 @@ from handler.engine.micro_batch import MicroBatchEngine
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, ServingError
 from handler.serving import drain
+from handler.serving.replies import error_reply
 from handler.serving.service import GenerationService, Work
 
 logger = logging.getLogger(__name__)
@@ -112,10 +113,7 @@ class StaticServing:
             logger.info("request %s failed: %s %s", work.request_id, error.status, error.message)
             if work.chunks_sent:  # status 200 is already on the wire: report in-band
                 return work.api.error(error, midstream=True)
-            status, phrase = work.api.http_status(error)
-            context.set_response_status(status, phrase, work.index)
-            context.set_response_content_type(work.index, "application/json")
-            return work.api.error(error, midstream=False)
+            return error_reply(context, work.index, work.api, error)
         self.service.log_request(work)
         self.service.token_metrics.request_finished(context, sequence)
         return "" if work.final_sent else work.api.final(sequence)
