@@ -72,7 +72,7 @@ class ContinuousServing:
     def __init__(self, service: GenerationService) -> None:
         self.service = service
         settings = service.config.scheduler
-        self.engine = StepEngine(service.backend, settings.prefill_token_budget, service.tokenizer_lock)
+        self.engine = StepEngine(service.backend, settings.prefill_token_budget)
         self.overlap = settings.overlap
         self.step_timeout_s = service.config.handler.step_timeout_s
         self._tracked: dict[str, _Tracked] = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +48,10 @@ class GenerationService:
         self.config = config
         self.backend = backend
         self.limits = Limits(config.handler.default_max_new_tokens, config.handler.max_new_tokens)
-        self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to share across threads
+        # The tokenizer is shared by every thread (preprocess, the engine, the replies) without a
+        # lock: encode and decode only read it. What is not safe is changing its truncation or
+        # padding while another thread uses it, which nothing here does
+        # (tests/unit/test_tokenizer_threads.py checks both).
         self.token_metrics = TokenMetrics(backend.n_slots)
 
     @classmethod
@@ -93,12 +95,10 @@ class GenerationService:
             if request.prompt_token_ids is not None:
                 prompt_ids = self._checked_token_ids(request.prompt_token_ids)
                 if not request.prompt:  # the text an echo repeats, and what logs and stop strings see
-                    with self.tokenizer_lock:
-                        text = self.backend.tokenizer.decode(prompt_ids, skip_special_tokens=True)
+                    text = self.backend.tokenizer.decode(prompt_ids, skip_special_tokens=True)
                     request = dataclasses.replace(request, prompt=text)
-            else:
-                with self.tokenizer_lock:  # a rendered chat template already holds its special tokens
-                    prompt_ids = self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+            else:  # a rendered chat template already holds its special tokens
+                prompt_ids = self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
             self._check_length(request, len(prompt_ids), work.api)
             work.sequence = Sequence(
                 request,
