@@ -200,7 +200,12 @@ def test_greedy_text_is_the_models_own_greedy_generation(server, tiny_model_dir)
     inputs = tokenizer(prompt, return_tensors="pt")
     with torch.inference_mode():
         out = model.generate(
-            **inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False, suppress_tokens=[tokenizer.eos_token_id]
+            input_ids=inputs["input_ids"],  # not **inputs: 4.48's tokenizer adds token_type_ids, which generate refuses
+            attention_mask=inputs["attention_mask"],
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            suppress_tokens=[tokenizer.eos_token_id],
         )
     want = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     body = {"prompt": prompt, "max_new_tokens": n, "ignore_eos": True, "stream": False}
