@@ -80,6 +80,7 @@ from handler.neuron import artifacts, options
 from handler.neuron.config import MIN_BUCKET, NeuronxConfig
 from handler.neuron.cores import CorePlacement, detect_cores, format_core_list, operator_cores, place
 from handler.neuron.environment import CacheLocation, configure_compiler, pin_cores
+from handler.neuron.load_or_compile import Recipe, load_or_compile
 from handler.request import TokenChoice
 
 logger = logging.getLogger(__name__)
@@ -326,40 +327,15 @@ class NeuronxBackend(Backend):
         return model
 
     def _load_or_compile(self) -> tuple[Any, str]:
-        folder = self.cache.artifacts_dir
-        verdict = artifacts.check(folder, self.expected)
-        failed: dict[str, Any] | None = None  # the manifest whose NEFFs would not load
-        reason, error = verdict.reason, ""
-        if verdict.usable:
-            logger.info("neuronx: %s in %s; loading", verdict.reason, folder)
-            model, error = self._load()
-            if model is not None:
-                return model, "load"
-            failed = artifacts.read_manifest(folder)
-            reason = f"the manifest matches but the saved NEFFs do not fit ({error})"
-        if not self.settings.compile_on_start:
-            raise ConfigError(self._refuse_to_compile(reason))
-        if failed is None:
-            logger.info("neuronx: %s; compiling", reason)
-        else:
-            logger.warning("neuronx: saved artifacts in %s do not fit (%s); recompiling", folder, error)
-        with artifacts.compile_lock(folder):
-            # another worker may have compiled while we waited for the lock
-            if artifacts.check(folder, self.expected).usable and artifacts.read_manifest(folder) != failed:
-                model, error = self._load()
-                if model is not None:
-                    return model, "load"
-                logger.warning("neuronx: saved artifacts in %s do not fit (%s); recompiling", folder, error)
-            return self._compile(), "compile"
-
-    def _refuse_to_compile(self, reason: str) -> str:
-        folder = self.cache.artifacts_dir
-        return (
-            f"backend neuronx: cannot use the compiled artifacts in {folder}: {reason}. "
-            "handler.neuronx.compile_on_start is false, so this worker does not compile (and writes nothing under "
-            f"{folder.parent}); run `make compile` with this model-config.yaml on an inf2 host with the same Neuron "
-            "SDK and ship the artifacts, or set compile_on_start: true (with handler.neuronx.compile_cache on a "
-            "writable path if the model directory is read-only)"
+        return load_or_compile(
+            Recipe(
+                backend="neuronx",
+                folder=self.cache.artifacts_dir,
+                expected=self.expected,
+                load=self._load,
+                compile=self._compile,
+                compile_on_start=self.settings.compile_on_start,
+            )
         )
 
     # -- serving: the step contract ------------------------------------------------------

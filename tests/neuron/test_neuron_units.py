@@ -178,3 +178,35 @@ def test_call_log_checks_fail_on_a_log_nobody_wrote(fake_neuronx, tmp_path):
     import transformers_neuronx  # noqa: F401
 
     assert calls(fake_neuronx, "to_neuron") == [] and len(calls(fake_neuronx, "import")) == 1
+
+
+def test_the_load_or_compile_driver_needs_no_sdk(tmp_path):
+    """neuron/load_or_compile.py decides with two callables, so any Neuron backend can use it:
+    compile when nothing matches, load what a compile saved, refuse when compiling is off."""
+    from handler.errors import ConfigError
+    from handler.neuron import artifacts
+    from handler.neuron.load_or_compile import Recipe, load_or_compile
+
+    folder, expected, calls = tmp_path / "artifacts", {"sdk": "1.0", "tp_degree": 8}, []
+
+    def compile_and_save():
+        calls.append("compile")
+
+        def save_model(path: str) -> None:  # as the SDK's save(dir) does: it makes the folder
+            Path(path).mkdir(parents=True)
+            (Path(path) / "model.pt").write_text("compiled")
+
+        artifacts.save(folder, expected, save_model)
+        return "model"
+
+    def load():
+        calls.append("load")
+        return ("model", "") if (folder / "model.pt").exists() else (None, "no model.pt")
+
+    recipe = Recipe("nxdi", folder, expected, load, compile_and_save, compile_on_start=True)
+    assert load_or_compile(recipe) == ("model", "compile")
+    assert load_or_compile(recipe) == ("model", "load")
+    assert calls == ["compile", "load"]
+    other = Recipe("nxdi", folder, {**expected, "tp_degree": 24}, load, compile_and_save, compile_on_start=False)
+    with pytest.raises(ConfigError, match=r"backend nxdi: .* handler\.nxdi\.compile_on_start is false"):
+        load_or_compile(other)

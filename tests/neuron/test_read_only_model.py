@@ -107,7 +107,7 @@ def rename_neffs(checkpoint: Path) -> None:
         (None, {}, "no compiled artifacts in"),
         ("compile", {"n_slots": 4}, "manifest mismatch (batch_size: 2 -> 4; continuous_batching: "),
         ("compile", {"neuronx": {"context_length_estimate": [64, 256]}}, "[128, 256] -> [64, 256]"),
-        ("rename", {}, "saved NEFFs do not fit (Could not find a matching NEFF"),
+        ("rename", {}, "saved artifacts do not fit (Could not find a matching NEFF"),
     ],
 )
 def test_compile_on_start_false_fails_loudly_and_writes_nothing(
