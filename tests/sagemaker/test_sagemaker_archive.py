@@ -102,7 +102,8 @@ def test_the_archive_is_a_torchserve_model_folder(built):
     manifest = json.loads((built.folder / "MAR-INF" / "MANIFEST.json").read_text())
     assert manifest["model"]["handler"] == "inf2_handler.py"
     assert manifest["model"]["configFile"] == "model-config.yaml"
-    assert (built.folder / "inf2_handler.py").is_file() and (built.folder / "handler" / "serving" / "service.py").is_file()
+    assert (built.folder / "inf2_handler.py").is_file()
+    assert (built.folder / "handler" / "serving" / "service.py").is_file()
 
 
 def test_the_archive_holds_the_users_checkpoint_and_artifacts(built):
