@@ -54,15 +54,20 @@ def _add_logprobs(log: TokenLog, body: dict[str, Any], sequence: Sequence, sent:
 
 def parse_request(body: dict[str, Any] | str, limits: Limits) -> GenerationRequest:
     """Validate one decoded body (`common.decode_body`); raises `InvalidRequest` naming the bad field."""
+    return _build(*validated_body(body), limits)
+
+
+def validated_body(body: dict[str, Any] | str) -> tuple[str, GenerationParameters, bool | None]:
+    """The prompt, the generation parameters and the form (b) `stream` of one decoded body."""
     if isinstance(body, str):
-        return _build(body, GenerationParameters(), None, limits)
+        return body, GenerationParameters(), None
     if "inputs" in body:
         hf = validated(HuggingFaceRequest, body, _field_name)
         log_ignored("native", extra_fields(hf, "") + extra_fields(hf.parameters, "parameters."))
-        return _build(hf.inputs, hf.parameters, hf.stream, limits)
+        return hf.inputs, hf.parameters, hf.stream
     native = validated(NativeRequest, body, _field_name)
     log_ignored("native", extra_fields(native))
-    return _build(native.prompt, native, None, limits)
+    return native.prompt, native, None
 
 
 def _field_name(path: list[Any]) -> str:
@@ -118,11 +123,10 @@ class NativeApi(Api):
         self.prompt_logprobs_field = "prompt_logprobs"
 
     def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
-        if isinstance(body, dict):  # the prompt's logprobs by either name: a 400 names the one sent
-            params = body.get("parameters") if "inputs" in body else body
-            if isinstance(params, dict) and "echo" in params and "prompt_logprobs" not in params:
-                self.prompt_logprobs_field = "echo"
-        return parse_request(body, limits)
+        prompt, params, stream = validated_body(body)
+        # The prompt's logprobs go by either name: a 400 about them names the one the body used.
+        self.prompt_logprobs_field = "prompt_logprobs" if params.prompt_logprobs else "echo"
+        return _build(prompt, params, stream, limits)
 
     def wire_name(self, field: str) -> str:
         return self.prompt_logprobs_field if field == "prompt_logprobs" else field

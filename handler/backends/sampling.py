@@ -204,9 +204,6 @@ class BatchSampler:
     def remove(self, slot: int) -> None:
         self._slots.pop(slot, None)
 
-    def __contains__(self, slot: int) -> bool:
-        return slot in self._slots
-
     # -- one step ------------------------------------------------------------------------
     def sample(self, slots: Sequence[int], logits: torch.Tensor, vocab_size: int | None = None) -> list[TokenChoice]:
         """The token of each row: `logits` [len(slots), >= vocab] (columns past `vocab_size`

@@ -100,9 +100,6 @@ class PerSlotSampler:
     def remove(self, slot: int) -> None:
         self._slots.pop(slot, None)
 
-    def __contains__(self, slot: int) -> bool:
-        return slot in self._slots
-
     def sample(self, slots, logits: torch.Tensor, vocab_size: int | None = None) -> list[TokenChoice]:
         started = time.perf_counter()
         vocab = vocab_size or logits.shape[-1]

@@ -78,7 +78,7 @@ class StepEngine:
         self._aborts: list[str] = []
         self._failure: ServingError | None = None  # fail_all(): applied at the start of the next step
         self._records: list[StepRecord] = []
-        self._host_s = [0.0, 0.0]  # this step's sampling and detokenizing seconds so far
+        self._sampling_s = self._detokenize_s = 0.0  # this step's host time so far, by stage
         self.steps = 0
         self._step_started: float | None = None  # while a step runs
         self._thread: threading.Thread | None = None
@@ -211,7 +211,7 @@ class StepEngine:
         if not admitted and not self.scheduler.occupied:
             self._finish_step(None, None, 0, 0)
             return bool(released)
-        self._host_s = [0.0, 0.0]
+        self._sampling_s = self._detokenize_s = 0.0
         prefill_s = self._prefill(admitted) if admitted else None
         live = self.scheduler.running()
         decode_s = self._decode(live) if live else None
@@ -257,7 +257,7 @@ class StepEngine:
             self._fail([(a.slot, a.item) for a in admitted], exc, "prefill")
             return self._clock() - started
         elapsed = self._clock() - started
-        self._host_s[0] += self.backend.sampling_s
+        self._sampling_s += self.backend.sampling_s
         self._deliver([(a.slot, a.item) for a in admitted], choices)
         return elapsed
 
@@ -270,7 +270,7 @@ class StepEngine:
             self._fail(live, exc, "decode")
             return self._clock() - started
         elapsed = self._clock() - started
-        self._host_s[0] += self.backend.sampling_s
+        self._sampling_s += self.backend.sampling_s
         self._deliver(live, choices)
         return elapsed
 
@@ -281,7 +281,7 @@ class StepEngine:
         ended = []
         started = self._clock()
         deltas = [sequence.take(choice) for (_, sequence), choice in zip(rows, choices, strict=False)]
-        self._host_s[1] += self._clock() - started
+        self._detokenize_s += self._clock() - started
         with self._changed:
             for (slot, sequence), delta in zip(rows, deltas, strict=False):
                 box = self._outboxes.get(sequence.request_id)
@@ -327,7 +327,8 @@ class StepEngine:
                         decoded,
                         self.scheduler.occupied,
                         self.scheduler.waiting,
-                        *self._host_s,
+                        self._sampling_s,
+                        self._detokenize_s,
                     )
                 )
                 del self._records[:-1000]  # nobody drains them outside TorchServe

@@ -44,14 +44,15 @@ class Work:
 
 
 class GenerationService:
+    """The backend and the per-request preparation. The backend's tokenizer is shared by every
+    thread (preprocess, the engine, the replies) without a lock: encode and decode only read it.
+    Changing its truncation or padding while another thread uses it is not safe, and nothing
+    here does (tests/unit/test_tokenizer_threads.py checks both)."""
+
     def __init__(self, config: ServingConfig, backend: Backend) -> None:
         self.config = config
         self.backend = backend
         self.limits = Limits(config.handler.default_max_new_tokens, config.handler.max_new_tokens)
-        # The tokenizer is shared by every thread (preprocess, the engine, the replies) without a
-        # lock: encode and decode only read it. What is not safe is changing its truncation or
-        # padding while another thread uses it, which nothing here does
-        # (tests/unit/test_tokenizer_threads.py checks both).
         self.token_metrics = TokenMetrics(backend.n_slots)
 
     @classmethod

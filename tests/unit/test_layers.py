@@ -89,13 +89,8 @@ def test_handler_holds_few_loose_modules() -> None:
     assert loose == ["__init__.py", "config.py", "errors.py", "failpoints.py", "inf2_handler.py", "request.py"]
 
 
-def test_the_rules_see_a_break() -> None:
+def test_the_rules_see_a_break(tmp_path: Path) -> None:
     """The scan itself: a forbidden import inside a function is found."""
-    tree = "def f():\n    from handler.serving.service import body_of\n"
-    path = HANDLER.parent / "build" / "layer-probe.py"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(tree)
-    try:
-        assert "handler.serving.service" in imports_of(path)
-    finally:
-        path.unlink()
+    path = tmp_path / "layer-probe.py"
+    path.write_text("def f():\n    from handler.serving.service import body_of\n")
+    assert "handler.serving.service" in imports_of(path)

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from handler.api.common import decode_body
-from handler.api.native import parse_request
+from handler.api.native import NativeApi, parse_request
 from handler.errors import InvalidRequest
 from handler.request import Limits
 
@@ -106,3 +106,17 @@ def test_bad_requests_name_the_field(body, param):
 def test_invalid_json_message_says_so():
     assert "not valid JSON" in rejected(b'{"prompt": ').message
     assert "UTF-8" in rejected(b"\xc3\x28").message
+
+
+def test_a_400_about_the_prompts_logprobs_names_the_field_the_body_used():
+    """`echo` and `prompt_logprobs` are one switch; the service's refusal names whichever was sent."""
+    cases = [
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "prompt_logprobs": True}, "prompt_logprobs"),
+        ({"inputs": "x", "parameters": {"prompt_logprobs": True}}, "prompt_logprobs"),
+    ]
+    for body, field in cases:
+        api = NativeApi()
+        assert api.parse(body, LIMITS).prompt_logprobs is True
+        assert api.wire_name("prompt_logprobs") == field
+        assert api.wire_name("max_new_tokens") == "max_new_tokens"
