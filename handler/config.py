@@ -67,6 +67,18 @@ class SchedulerConfig(_Section):
         description="prompt tokens prefilled in one step (at least one request); bounds the pause of running streams",
     )
     overlap: bool = Field(default=True, description="run the next step while this step's tokens travel to the frontend")
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="model copies behind the one continuous worker, each a child process with its own n_slots "
+        "(and, on neuronx, its own tp_degree NeuronCores); 1 serves in the worker's own process",
+    )
+
+    @property
+    def total_slots(self) -> int:
+        """Sequences the worker decodes at once: every replica's slots."""
+        return self.replicas * self.n_slots
 
 
 class MicroBatchingConfig(_Section):
@@ -153,7 +165,7 @@ class ServingConfig(BaseModel):
         _check_scheduler(scheduler, bool(raw.get("continuousBatching", False)), batch_size)
         _check_workers(scheduler, raw)
         _check_batch_delay(scheduler, raw)
-        job_queue_size = _check_job_queue(raw, scheduler.n_slots)
+        job_queue_size = _check_job_queue(raw, scheduler.total_slots)
         if scheduler.mode == "static" and micro.micro_batch_size > scheduler.n_slots:
             raise ConfigError(
                 f"model-config.yaml: micro_batching.micro_batch_size ({micro.micro_batch_size}) is above "
@@ -196,7 +208,8 @@ def _check_job_queue(raw: dict[str, Any], n_slots: int) -> int | None:
         )
     if size > JOB_QUEUE_WARN_PER_SLOT * n_slots:
         logger.warning(
-            "jobQueueSize %d is above %d x scheduler.n_slots (%d): the last queued request waits about %d request "
+            "jobQueueSize %d is above %d x the worker's slots (%d, replicas x n_slots): the last queued request "
+            "waits about %d request "
             "durations for a slot, longer than most clients wait, so overload ends in client timeouts instead of "
             "fast 503s; e.g. jobQueueSize: %d",
             size,
@@ -239,8 +252,7 @@ def _check_workers(scheduler: SchedulerConfig, raw: dict[str, Any]) -> None:
         raise ConfigError(
             f"model-config.yaml: minWorkers/maxWorkers ({workers}) must be 1 with scheduler.mode continuous: "
             "TorchServe's frontend stalls a worker's next step while another worker idles. Serve more requests "
-            "per worker with scheduler.n_slots, run more model copies as separate endpoints or TorchServe "
-            "instances, or use scheduler.mode: static for several workers"
+            "per worker with scheduler.n_slots, or run more model copies in the one worker with scheduler.replicas"
         )
 
 
@@ -256,11 +268,22 @@ def _check_scheduler(scheduler: SchedulerConfig, continuous_batching: bool, batc
             "model-config.yaml: scheduler.mode is 'static' but continuousBatching is true; remove continuousBatching "
             "or set scheduler.mode: continuous"
         )
-    if scheduler.mode == "continuous" and batch_size < scheduler.n_slots:
+    if scheduler.mode == "static" and scheduler.replicas > 1:
         raise ConfigError(
-            f"model-config.yaml: batchSize ({batch_size}) is below scheduler.n_slots ({scheduler.n_slots}); in "
+            f"model-config.yaml: scheduler.replicas ({scheduler.replicas}) needs scheduler.mode continuous; in static "
+            "mode each worker holds one model copy: set minWorkers/maxWorkers for more copies"
+        )
+    slots = scheduler.total_slots
+    if scheduler.mode == "continuous" and batch_size < slots:
+        what = (
+            f"scheduler.n_slots ({scheduler.n_slots})"
+            if scheduler.replicas == 1
+            else f"scheduler.replicas x n_slots ({scheduler.replicas} x {scheduler.n_slots} = {slots})"
+        )
+        raise ConfigError(
+            f"model-config.yaml: batchSize ({batch_size}) is below {what}; in "
             "continuous mode batchSize is how many requests the frontend keeps in flight (slots + waiting): set "
-            f"batchSize >= {scheduler.n_slots}, e.g. {2 * scheduler.n_slots}"
+            f"batchSize >= {slots}, e.g. {2 * slots}"
         )
 
 

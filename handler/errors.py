@@ -22,6 +22,10 @@ class ServingError(Exception):
         self.message = message
         self.param = param
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled whole (a replica process sends a failed sequence's error to the worker)."""
+        return type(self), (self.message, self.param)
+
 
 class InvalidRequest(ServingError):
     """The request itself is wrong: fixing it is up to the client."""

@@ -16,7 +16,7 @@ Every valid request ends one of three ways: completed (a finish_reason and usage
 cancelled (we cut it), or lost: anything else (a connection error, a timeout, a 5xx, a
 response that ended without a finish_reason, an in-band error line).
 
-It samples the RSS of the worker processes (the frontend's children) as it goes. After the
+It samples the RSS of the worker processes (the frontend's children and theirs: replicas) as it goes. After the
 load it waits for the engine to drain and reads the handler's slot gauges
 (llm_slots_occupied, llm_requests_waiting) from the Prometheus metrics: both must be 0.
 
@@ -24,6 +24,7 @@ Exit status 1 on any lost valid request, any invalid request not answered with a
 error, or a slot or waiting request left over; the report goes to bench_results/soak.json.
 
     python scripts/soak.py --minutes 2
+    python scripts/soak.py --minutes 2 --replicas 2   # two model copies behind the one worker
 """
 
 from __future__ import annotations
@@ -499,23 +500,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-every", type=float, default=5.0, help="seconds between RSS samples")
     parser.add_argument("--request-timeout", type=float, default=120.0, help="a request silent this long is lost")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--replicas", type=int, default=1, help="scheduler.replicas: model copies in the worker")
     args = parser.parse_args(argv)
-    if args.time_scale <= 0 or args.minutes <= 0 or not 0 < args.load_fraction:
-        parser.error("--time-scale, --minutes and --load-fraction must be > 0")
+    if args.time_scale <= 0 or args.minutes <= 0 or not 0 < args.load_fraction or args.replicas < 1:
+        parser.error("--time-scale, --minutes, --load-fraction and --replicas must be > 0")
 
     started = time.monotonic()
     mix = Mix(disconnect=args.disconnect, invalid=args.invalid)
     model_dir = args.model_dir.resolve()
     config = sim_model_config(args.profile, args.time_scale)
     n_slots = config["scheduler"]["n_slots"]
+    if args.replicas > 1:  # each replica its own simulated device: R times the capacity
+        config["scheduler"]["replicas"] = args.replicas
+        config.update(batchSize=2 * args.replicas * n_slots, jobQueueSize=4 * args.replicas * n_slots)
     budget = config["scheduler"].get("prefill_token_budget", des.DEFAULT_BUDGET)
     profile = des.scaled(load_profile(args.profile), args.time_scale)
-    capacity = des.capacity(profile, mix.shape(), n_slots, budget)
+    capacity = args.replicas * des.capacity(profile, mix.shape(), n_slots, budget)
     rate = args.load_fraction * capacity
     plans = make_plans(args.minutes, rate, mix, PromptMaker(model_dir, args.seed), "llama", args.seed)
     report = Report(args.minutes, args.load_fraction, capacity, rate, config)
     print(
-        f"[soak] capacity {capacity:.2f} req/s (continuous policy, {n_slots} slots, mean prompt {mix.prompt.mean} / "
+        f"[soak] capacity {capacity:.2f} req/s (continuous policy, {args.replicas} x {n_slots} slots, mean prompt "
+        f"{mix.prompt.mean} / "
         f"output {mix.output.mean} tokens); offering {rate:.2f} req/s for {args.minutes:g} min: {len(plans)} requests",
         file=sys.stderr,
     )

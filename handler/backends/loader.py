@@ -4,6 +4,7 @@ context (this worker's gpu_id, the model's worker count) and passes them here.""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from handler.backends.base import Backend
@@ -15,11 +16,15 @@ logger = logging.getLogger(__name__)
 
 
 def load_backend(
-    config: ServingConfig, model_dir: str | Path | None, gpu_id: int | None = None, workers: int = 1
+    config: ServingConfig,
+    model_dir: str | Path | None,
+    gpu_id: int | None = None,
+    workers: int = 1,
+    cores: Sequence[int] | None = None,
 ) -> Backend:
     """`gpu_id` (TorchServe's, for this worker) and `workers` (the model's worker count) place
-    neuronx on its NeuronCores."""
-    backend = _load(config, model_dir, gpu_id, workers)
+    neuronx on its NeuronCores; `cores` are a replica's, already claimed by its worker."""
+    backend = _load(config, model_dir, gpu_id, workers, cores)
     if backend.n_slots != config.scheduler.n_slots:
         slots = backend.n_slots
         backend.close()
@@ -40,7 +45,13 @@ def resolve_auto(config: ServingConfig, dev_dir: Path = Path("/dev")) -> Serving
     return config.model_copy(update={"handler": handler})
 
 
-def _load(config: ServingConfig, model_dir: str | Path | None, gpu_id: int | None, workers: int) -> Backend:
+def _load(
+    config: ServingConfig,
+    model_dir: str | Path | None,
+    gpu_id: int | None,
+    workers: int,
+    cores: Sequence[int] | None,
+) -> Backend:
     config = resolve_auto(config)
     handler = config.handler
     checkpoint = handler.checkpoint_path(model_dir or ".")
@@ -61,5 +72,5 @@ def _load(config: ServingConfig, model_dir: str | Path | None, gpu_id: int | Non
     if handler.backend == "neuronx":
         from handler.backends.neuronx import NeuronxBackend
 
-        return NeuronxBackend(config, checkpoint, gpu_id, workers)
+        return NeuronxBackend(config, checkpoint, gpu_id, workers, cores)
     raise ConfigError(f"model-config.yaml: handler.backend: unknown backend {handler.backend!r}")

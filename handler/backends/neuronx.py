@@ -78,7 +78,7 @@ from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron import artifacts, options
 from handler.neuron.config import MIN_BUCKET, NeuronxConfig
-from handler.neuron.cores import CorePlacement, detect_cores, format_core_list, operator_cores, place
+from handler.neuron.cores import CorePlacement, claim
 from handler.neuron.environment import CacheLocation, configure_compiler, pin_cores
 from handler.neuron.load_or_compile import Recipe, load_or_compile
 from handler.request import TokenChoice
@@ -139,7 +139,16 @@ class _Slot:
 class NeuronxBackend(Backend):
     name = "neuronx"
 
-    def __init__(self, config: ServingConfig, checkpoint: Path, gpu_id: int | None = None, workers: int = 1) -> None:
+    def __init__(
+        self,
+        config: ServingConfig,
+        checkpoint: Path,
+        gpu_id: int | None = None,
+        workers: int = 1,
+        cores: Sequence[int] | None = None,
+    ) -> None:
+        """`cores`: the NeuronCores a replica was given by its worker, which holds their locks
+        (handler/replicas/); without them the backend claims its own (handler/neuron/cores.py)."""
         handler = config.handler
         self.settings = handler.neuronx
         self.checkpoint = checkpoint
@@ -161,19 +170,19 @@ class NeuronxBackend(Backend):
         self.max_prompt_tokens = self.buckets[-1]
         self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions)
 
-        given = operator_cores()  # read before pin_cores replaces it in this process
-        cores = given if given is not None else list(range(self.settings.num_cores or detect_cores()))
-        self.placement = place(gpu_id, workers, self.tp_degree, cores)
+        if cores is not None:
+            self.placement = CorePlacement(tuple(cores), "given by this replica's worker")
+            within = "the worker's cores"
+        else:
+            self.placement, within = claim(gpu_id, workers, self.tp_degree, self.settings.num_cores)
         pin_cores(self.placement.visible_cores)
         logger.info(
-            "neuronx: NeuronCores %s for this worker (%s; %d worker(s) x tp_degree %d within %s)",
+            "neuronx: NeuronCores %s for this process (%s; %d worker(s) x tp_degree %d within %s)",
             self.placement.visible_cores,
             self.placement.how,
             workers,
             self.tp_degree,
-            f"the operator's NEURON_RT_VISIBLE_CORES={format_core_list(given)}"
-            if given is not None
-            else f"the host's {len(cores)} cores",
+            within,
         )
         try:
             self._start(hf_config)

@@ -31,6 +31,26 @@ class FinishReason(str, enum.Enum):
         return self.value
 
 
+@dataclass(frozen=True)
+class Progress:
+    """What a Sequence did after its first `since` tokens: how a replica process reports its
+    sequences to the worker's copies of them (handler/replicas/). The replica's Sequence
+    decided everything here (its end included); the worker's copy only adopts it."""
+
+    request_id: str
+    since: int
+    token_ids: tuple[int, ...]
+    text: tuple[str, ...]  # one delta per token, as `append` returned them
+    choices: tuple[TokenChoice, ...]  # one per token, when the request asked for logprobs
+    state: State
+    finish_reason: FinishReason | None
+    error: ServingError | None
+    prompt_logprobs: tuple[PromptTokenLogprob, ...]
+    admitted_at: float | None
+    first_token_at: float | None
+    last_token_at: float | None
+
+
 @dataclass
 class Sequence:
     """A request being generated; `append` turns each new token into text to send."""
@@ -112,6 +132,43 @@ class Sequence:
         self.state = State.FINISHED
         self.finish_reason = reason
         return delta
+
+    def progress_since(self, since: int) -> Progress:
+        """Everything after the first `since` generated tokens, and the state now."""
+        return Progress(
+            self.request_id,
+            since,
+            tuple(self.token_ids[since:]),
+            tuple(self.text[since:]),
+            tuple(self.choices[since:]),
+            self.state,
+            self.finish_reason,
+            self.error,
+            self.prompt_logprobs if since == 0 else (),
+            self.admitted_at,
+            self.first_token_at,
+            self.last_token_at,
+        )
+
+    def adopt(self, progress: Progress) -> str:
+        """Take what this sequence's replica copy did (`progress_since(len(self.token_ids))` there);
+        return the new text."""
+        if progress.since != len(self.token_ids):
+            raise ValueError(
+                f"request {self.request_id}: progress after {progress.since} tokens, this copy has "
+                f"{len(self.token_ids)}"
+            )
+        self.token_ids.extend(progress.token_ids)
+        self.text.extend(progress.text)
+        self.choices.extend(progress.choices)
+        self.completion_tokens = len(self.token_ids)
+        self.prompt_logprobs = progress.prompt_logprobs or self.prompt_logprobs
+        self.admitted_at = progress.admitted_at or self.admitted_at
+        self.first_token_at = progress.first_token_at or self.first_token_at
+        self.last_token_at = progress.last_token_at or self.last_token_at
+        if not self.finished:
+            self.state, self.finish_reason, self.error = progress.state, progress.finish_reason, progress.error
+        return "".join(progress.text)
 
     @property
     def full_text(self) -> str:

@@ -19,25 +19,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from handler import failpoints
 from handler.backends.base import Backend
+from handler.engine.outbox import Outboxes, Update
 from handler.engine.scheduler import SlotScheduler
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, ServingError
 from handler.request import TokenChoice
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Update:
-    """What one request produced since the last `take`."""
-
-    sequence: Sequence
-    text: str = ""
-    ended: bool = False  # finished or failed; nothing follows
 
 
 @dataclass(frozen=True)
@@ -56,13 +48,6 @@ class StepRecord:
     detokenize_s: float = 0.0
 
 
-@dataclass
-class _Outbox:
-    sequence: Sequence
-    pending: list[str] = field(default_factory=list)
-    ended: bool = False
-
-
 class StepEngine:
     def __init__(
         self,
@@ -74,7 +59,7 @@ class StepEngine:
         self.scheduler: SlotScheduler[Sequence] = SlotScheduler(backend.n_slots, prefill_token_budget)
         self._clock = clock
         self._changed = threading.Condition()  # guards everything below; notified after each step
-        self._outboxes: dict[str, _Outbox] = {}
+        self._outboxes = Outboxes(self._changed, clock)
         self._aborts: list[str] = []
         self._failure: ServingError | None = None  # fail_all(): applied at the start of the next step
         self._records: list[StepRecord] = []
@@ -86,13 +71,14 @@ class StepEngine:
         # Called (from the stepping thread) after a step that left the engine idle, e.g. one that
         # ran a cancelled request to its end with no frontend call to follow: the gauges say 0 then.
         self.on_idle: Callable[[], None] | None = None
+        # Called (from the stepping thread) after every step that had work to do: a replica process
+        # sends what the step produced to its worker from here (handler/replicas/child.py).
+        self.on_step: Callable[[], None] | None = None
 
     # -- the caller's side -------------------------------------------------------------
     def submit(self, sequence: Sequence) -> None:
         with self._changed:
-            if sequence.request_id in self._outboxes:
-                raise ValueError(f"request {sequence.request_id} is already in the engine")
-            self._outboxes[sequence.request_id] = _Outbox(sequence)
+            self._outboxes.open(sequence)
             self.scheduler.add(sequence.request_id, len(sequence.prompt_ids), sequence)
             self._changed.notify_all()
 
@@ -114,35 +100,12 @@ class StepEngine:
     def take(self, request_ids: Iterable[str]) -> dict[str, Update]:
         """The text each request produced since the last take, and whether it ended; a
         request that ended is forgotten once taken."""
-        out: dict[str, Update] = {}
-        with self._changed:
-            for request_id in request_ids:
-                box = self._outboxes.get(request_id)
-                if box is None or not (box.pending or box.ended):
-                    continue
-                out[request_id] = Update(box.sequence, "".join(box.pending), box.ended)
-                box.pending.clear()
-                if box.ended:
-                    del self._outboxes[request_id]
-        return out
+        return self._outboxes.take(request_ids)
 
     def wait(self, request_ids: Iterable[str], after_step: int, timeout_s: float) -> None:
         """Block until a request has something to take, or a step after `after_step` ended
         (so new arrivals can join soon), or the timeout."""
-        ids = list(request_ids)
-        deadline = self._clock() + timeout_s
-
-        def ready() -> bool:
-            if self.steps > after_step:
-                return True
-            return any((box := self._outboxes.get(i)) is not None and (box.pending or box.ended) for i in ids)
-
-        with self._changed:
-            while not ready():
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    return
-                self._changed.wait(remaining)
+        self._outboxes.wait(request_ids, lambda: self.steps > after_step, timeout_s)
 
     def take_records(self) -> list[StepRecord]:
         """The records of the steps since the last take (the metrics read them once)."""
@@ -191,11 +154,16 @@ class StepEngine:
     def step(self) -> bool:
         """Run one step; False when there was nothing to do."""
         self._step_started = self._clock()
-        busy = not self.scheduler.idle or bool(self._aborts)
+        busy = not self.scheduler.idle or bool(self._aborts) or self._failure is not None
         try:
             return self._step()
         finally:
             self._step_started = None
+            if busy and self.on_step is not None:
+                try:
+                    self.on_step()
+                except Exception:
+                    logger.exception("on_step failed")
             if busy and self.on_idle is not None and self.scheduler.idle:
                 try:
                     self.on_idle()
@@ -221,7 +189,7 @@ class StepEngine:
     def _apply_aborts(self) -> list[int]:
         released = []
         for request_id in self._aborts:
-            box = self._outboxes.pop(request_id, None)
+            box = self._outboxes.pop(request_id)
             dropped = self.scheduler.abort(request_id)
             if dropped is not None and dropped[0] is not None:
                 released.append(dropped[0])

@@ -106,24 +106,30 @@ class CorePlacement:
         self._locks.clear()
 
 
-def check_fits(workers: int, tp_degree: int, available: int) -> None:
-    """Refuse a layout that cannot place every worker, saying what would fit."""
+def check_fits(workers: int, tp_degree: int, available: int, replicas: int = 1) -> None:
+    """Refuse a layout that cannot place every worker (and each worker's replicas), saying what would fit."""
     if available < 1:
         raise ConfigError(
             "backend neuronx: no Neuron device found (/dev/neuron*); run on an inf2/trn1 host, or set "
             "handler.neuronx.num_cores if the devices are mapped elsewhere"
         )
-    if workers * tp_degree <= available:
+    copies = workers * replicas
+    if copies * tp_degree <= available:
         return
     fits = available // tp_degree
-    per_worker = available // workers
-    options = []
-    if fits >= 1:
-        options.append(f"at most {fits} worker(s) at tp_degree {tp_degree} (minWorkers/maxWorkers)")
-    if per_worker >= 1:
-        options.append(f"tp_degree <= {per_worker} for {workers} workers")
+    per_copy = available // copies
+    if replicas > 1:
+        what = f"{replicas} replicas" if workers == 1 else f"{workers} worker(s) x {replicas} replicas"
+        options = [f"at most {fits} replicas at tp_degree {tp_degree} (scheduler.replicas)"] if fits >= 1 else []
+        if per_copy >= 1:
+            options.append(f"tp_degree <= {per_copy} for {replicas} replicas")
+    else:
+        what = f"{workers} worker(s)"
+        options = [f"at most {fits} worker(s) at tp_degree {tp_degree} (minWorkers/maxWorkers)"] if fits >= 1 else []
+        if per_copy >= 1:
+            options.append(f"tp_degree <= {per_copy} for {workers} workers")
     raise ConfigError(
-        f"backend neuronx: {workers} worker(s) x tp_degree {tp_degree} need {workers * tp_degree} NeuronCores but "
+        f"backend neuronx: {what} x tp_degree {tp_degree} need {copies * tp_degree} NeuronCores but "
         f"{available} are available; use " + (" or ".join(options) or "a larger instance")
     )
 
@@ -134,22 +140,26 @@ def place(
     tp_degree: int,
     available: int | Sequence[int],
     lock_dir: Path | None = None,
+    replicas: int = 1,
 ) -> CorePlacement:
     """This worker's cores: slot `gpu_id` when TorchServe assigned one, else the first free slot.
+    A slot is `replicas` x `tp_degree` contiguous cores (`split` shares them out).
 
     `available` is a core count (cores 0..n-1) or the list of core ids this model may use."""
     cores = list(range(available)) if isinstance(available, int) else list(available)
-    check_fits(workers, tp_degree, len(cores))
-    slots = len(cores) // tp_degree
+    check_fits(workers, tp_degree, len(cores), replicas)
+    width = tp_degree * replicas
+    slots = len(cores) // width
 
     def slot_cores(slot: int) -> tuple[int, ...]:
-        return tuple(cores[slot * tp_degree : (slot + 1) * tp_degree])
+        return tuple(cores[slot * width : (slot + 1) * width])
 
     if gpu_id is not None:
         if not 0 <= gpu_id < slots:
             raise ConfigError(
                 f"backend neuronx: TorchServe gave this worker gpu_id {gpu_id}, but {len(cores)} NeuronCores hold "
-                f"only {slots} model copies at tp_degree {tp_degree}; set number_of_gpu in config.properties to "
+                f"only {slots} worker(s) of {replicas} x tp_degree {tp_degree}; set number_of_gpu in config.properties "
+                "to "
                 f"{slots} or fewer"
             )
         return CorePlacement(slot_cores(gpu_id), f"gpu_id {gpu_id} from TorchServe")
@@ -160,9 +170,36 @@ def place(
         if handles is not None:
             return CorePlacement(slot_cores(slot), f"free slot {slot} (core locks in {lock_dir})", handles)
     raise ConfigError(
-        f"backend neuronx: all {slots} slot(s) of {tp_degree} NeuronCores are held by other processes "
+        f"backend neuronx: all {slots} slot(s) of {width} NeuronCores are held by other processes "
         f"(locks in {lock_dir}); stop them or lower maxWorkers"
     )
+
+
+def split(cores: Sequence[int], replicas: int, tp_degree: int) -> list[tuple[int, ...]]:
+    """A worker's cores shared out among its replicas: replica k takes the k-th run of
+    `tp_degree` of them."""
+    if len(cores) < replicas * tp_degree:
+        raise ConfigError(
+            f"backend neuronx: {replicas} replicas x tp_degree {tp_degree} need {replicas * tp_degree} NeuronCores "
+            f"but this worker holds {len(cores)} ({format_core_list(cores)})"
+        )
+    return [tuple(cores[k * tp_degree : (k + 1) * tp_degree]) for k in range(replicas)]
+
+
+def claim(
+    gpu_id: int | None, workers: int, tp_degree: int, num_cores: int | None, replicas: int = 1
+) -> tuple[CorePlacement, str]:
+    """This worker's cores within the operator's NEURON_RT_VISIBLE_CORES, else the host's
+    (`num_cores`, or those detected), and where they were chosen from, for the log."""
+    given = operator_cores()  # read before pin_cores replaces it in this process
+    cores = given if given is not None else list(range(num_cores or detect_cores()))
+    placement = place(gpu_id, workers, tp_degree, cores, replicas=replicas)
+    within = (
+        f"the operator's {VISIBLE_CORES_ENV}={format_core_list(given)}"
+        if given is not None
+        else f"the host's {len(cores)} cores"
+    )
+    return placement, within
 
 
 def _try_lock(lock_dir: Path, cores: Sequence[int]) -> list[IO[str]] | None:

@@ -27,11 +27,18 @@ flight and drop them all.
 Draining (handler/serving/drain.py): new requests get a 503; at the deadline the engine fails
 whatever is still in it, and those requests end the way a failed step ends them (a last
 error line, or a 503 if nothing was sent yet).
+
+Replicas (`scheduler.replicas` > 1, handler/replicas/): the engine is the `ReplicaSet`, which
+the same calls drive. Its health goes to the /ping plugin (`replicas-<pid>.json`: 200
+"Degraded" while some replica serves, 503 "Unhealthy" while none does) and to the metrics;
+a replica that gave up starting fails the worker (handler/serving/init_failure.py) once the
+requests in flight are answered.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +46,13 @@ from typing import Any
 from handler.api.native import NativeApi
 from handler.engine.step_engine import StepEngine, Update
 from handler.errors import EngineError, ServingError
+from handler.replicas.model import ReplicatedModel
+from handler.replicas.replica_set import Health, ReplicaSet, ReplicaStartError
 from handler.serving import drain
+from handler.serving.init_failure import FailedServing
 from handler.serving.replies import AnsweredInFull, error_reply
 from handler.serving.service import GenerationService, Work
+from handler.serving.state import clear_replica_health, state_dir, write_replica_health
 from handler.serving.ts_compat import ONE_SHOT_REPLIES
 
 logger = logging.getLogger(__name__)
@@ -72,8 +83,12 @@ class ContinuousServing:
     def __init__(self, service: GenerationService) -> None:
         self.service = service
         settings = service.config.scheduler
-        self.engine = StepEngine(service.backend, settings.prefill_token_budget)
-        self.overlap = settings.overlap
+        backend = service.backend
+        self.replicas: ReplicaSet | None = backend.replicas if isinstance(backend, ReplicatedModel) else None
+        self.engine: StepEngine | ReplicaSet = self.replicas or StepEngine(backend, settings.prefill_token_budget)
+        self.overlap = settings.overlap or self.replicas is not None  # replicas always step on their own
+        self._failed: FailedServing | None = None  # a replica gave up starting: the worker fails
+        self._health_lock = threading.Lock()
         self.step_timeout_s = service.config.handler.step_timeout_s
         self._tracked: dict[str, _Tracked] = {}
         self._answered = AnsweredInFull()  # 0.11: answered with a plain error; the frontend re-sends them
@@ -83,12 +98,16 @@ class ContinuousServing:
         self.metrics = service.token_metrics
         self._context: Any = None  # the frontend's context (one object for the worker's life), for idle gauges
         self.engine.on_idle = self._idle_gauges
+        if self.replicas is not None:
+            self.replicas.on_health = self._replica_health
         if self.overlap:
             self.engine.start()
         self.drain = drain.DrainWatcher.from_env(self.busy)
         self.drain.start()
 
     def handle(self, data: list[Any], context: Any) -> list[str]:
+        if self._failed is not None and not self._tracked:
+            return self._failed.handle(data, context)
         replies = [""] * len(data)
         self._in_call = True
         try:
@@ -148,6 +167,8 @@ class ContinuousServing:
                 planned[index] = reply
         self._send(context, ids, planned, replies)
         self.metrics.engine_steps(context, self.engine.take_records(), self.engine.occupied, self.engine.waiting)
+        if self.replicas is not None:
+            self.metrics.replicas(context, self.replicas.health())
         self._returned_at = time.perf_counter()
 
     def _send(self, context: Any, ids: dict[int, str], planned: dict[int, _Reply], replies: list[str]) -> None:
@@ -187,7 +208,10 @@ class ContinuousServing:
         return cap if left is None or left <= 0 else min(cap, left)
 
     def _admit(self, index: int, request_id: str, row: Any, context: Any) -> None:
-        work = self.service.prepare(index, row, context, drain.refused() if self.drain.draining else None)
+        refusal = drain.refused() if self.drain.draining else None
+        if self._failed is not None:
+            refusal = self._failed.error
+        work = self.service.prepare(index, row, context, refusal)
         self._tracked[request_id] = _Tracked(work)
         if work.sequence is not None:
             self.engine.submit(work.sequence)
@@ -301,9 +325,34 @@ class ContinuousServing:
                 self._context, self.engine.take_records(), self.engine.occupied, self.engine.waiting
             )
 
+    def _replica_health(self, _reported: Health) -> None:
+        """A replica went down, came back or gave up (from the replica set's threads, which may
+        report at once: the state is read afresh under a lock, so the last write is the latest)."""
+        with self._health_lock:
+            assert self.replicas is not None
+            self._show_health(self.replicas.health())
+
+    def _show_health(self, health: Health) -> None:
+        directory = state_dir()
+        try:
+            if directory is not None and health.problem is None:
+                clear_replica_health(directory)
+            elif directory is not None:
+                write_replica_health(directory, "Degraded" if health.ready else "Unhealthy", health.problem or "")
+        except OSError:
+            logger.exception("could not write the replicas' health into %s", directory)
+        if health.failed is not None and self._failed is None:
+            self.engine.fail_all(EngineError(f"the model's replicas failed: {health.failed}"))
+            self._failed = FailedServing.start(ReplicaStartError(health.failed), self._context)
+
     def shutdown(self) -> None:
         self.drain.stop()
         self.engine.stop()
+        if self._failed is not None:
+            self._failed.shutdown()
+        directory = state_dir()
+        if self.replicas is not None and directory is not None:
+            clear_replica_health(directory)
 
 
 def _merge(tracked: _Tracked, reply: _Reply | None) -> _Reply | None:

@@ -20,6 +20,11 @@ Continuous mode, per handler call / engine step:
                                    strings and end checks of every row
   llm_frontend_round_trip_seconds  from one handler reply to the frontend's next call
   llm_cancelled_requests           requests whose client went away before the end (counter)
+With scheduler.replicas > 1, per handler call:
+  llm_replicas_ready               replicas serving (gauge; below scheduler.replicas while one
+                                   restarts)
+  llm_replica_slots_occupied       slots holding a sequence, per replica (gauge, dimension
+                                   `Replica`; not reported for a replica that is not serving)
 
 "Arrival" (both modes) is the `X-Request-Start` request header when a client or proxy sets it
 (`t=<unix seconds>` or plain unix seconds; milliseconds and microseconds are recognised
@@ -43,12 +48,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
 from handler.engine.sequence import Sequence
 
 if TYPE_CHECKING:
     from handler.engine.step_engine import StepRecord
+    from handler.replicas.replica_set import Health
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +82,8 @@ STEP_SAMPLING = MetricSpec("llm_step_sampling_seconds", "s", MetricTypes.HISTOGR
 STEP_DETOKENIZE = MetricSpec("llm_step_detokenize_seconds", "s", MetricTypes.HISTOGRAM)
 ROUND_TRIP = MetricSpec("llm_frontend_round_trip_seconds", "s", MetricTypes.HISTOGRAM)
 CANCELLED = MetricSpec("llm_cancelled_requests", "count", MetricTypes.COUNTER)
+REPLICAS_READY = MetricSpec("llm_replicas_ready", "count", MetricTypes.GAUGE)
+REPLICA_OCCUPIED = MetricSpec("llm_replica_slots_occupied", "count", MetricTypes.GAUGE)
 ALL_METRICS = (
     TTFT,
     ITL,
@@ -89,6 +98,8 @@ ALL_METRICS = (
     STEP_DETOKENIZE,
     ROUND_TRIP,
     CANCELLED,
+    REPLICAS_READY,
+    REPLICA_OCCUPIED,
 )
 
 
@@ -181,16 +192,27 @@ class TokenMetrics:
         self._emit(context, OCCUPIED, occupied)
         self._emit(context, WAITING, waiting)
 
+    def replicas(self, context: Any, health: Health) -> None:
+        self._emit(context, REPLICAS_READY, health.ready)
+        for index, occupied in enumerate(health.occupancy):
+            if occupied is not None:
+                self._emit(context, REPLICA_OCCUPIED, occupied, [Dimension("Replica", str(index))])
+
     def round_trip(self, context: Any, seconds: float) -> None:
         self._emit(context, ROUND_TRIP, seconds)
 
     def cancelled(self, context: Any) -> None:
         self._emit(context, CANCELLED, 1)
 
-    def _emit(self, context: Any, spec: MetricSpec, value: float) -> None:
+    def _emit(self, context: Any, spec: MetricSpec, value: float, dimensions: list[Dimension] | None = None) -> None:
         try:
             context.metrics.add_metric(
-                spec.name, round(value, 6), spec.unit, idx=None, dimensions=[], metric_type=spec.metric_type
+                spec.name,
+                round(value, 6),
+                spec.unit,
+                idx=None,
+                dimensions=dimensions or [],
+                metric_type=spec.metric_type,
             )
         except Exception:
             if not self._warned:

@@ -22,6 +22,7 @@ from handler.backends.loader import load_backend
 from handler.config import ServingConfig
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, InvalidRequest, ServingError
+from handler.replicas.model import ReplicatedModel, start_replicas
 from handler.request import GenerationRequest, Limits
 from handler.serving.metrics import TokenMetrics, arrival_time
 
@@ -49,7 +50,7 @@ class GenerationService:
     Changing its truncation or padding while another thread uses it is not safe, and nothing
     here does (tests/unit/test_tokenizer_threads.py checks both)."""
 
-    def __init__(self, config: ServingConfig, backend: Backend) -> None:
+    def __init__(self, config: ServingConfig, backend: Backend | ReplicatedModel) -> None:
         self.config = config
         self.backend = backend
         self.limits = Limits(config.handler.default_max_new_tokens, config.handler.max_new_tokens)
@@ -61,17 +62,22 @@ class GenerationService:
         config = ServingConfig.from_model_yaml(context.model_yaml_config)
         model_dir = context.system_properties.get("model_dir")
         started = time.perf_counter()
-        backend = load_backend(config, model_dir, *worker_of(context))
-        backend.warmup()
+        backend: Backend | ReplicatedModel
+        if config.scheduler.replicas > 1:
+            backend = start_replicas(config, model_dir, *worker_of(context))
+        else:
+            backend = load_backend(config, model_dir, *worker_of(context))
+            backend.warmup()
         failpoints.delay_warmup()
         # Readiness: this line is logged just before initialize() returns, and the /ping plugin
         # (serving/plugins) says 200 only after that.
         logger.info(
-            "backend %s ready in %.1f s (n_positions=%d, n_slots=%d, scheduler=%s)",
+            "backend %s ready in %.1f s (n_positions=%d, n_slots=%d, replicas=%d, scheduler=%s)",
             backend.name,
             time.perf_counter() - started,
             backend.n_positions,
             backend.n_slots,
+            config.scheduler.replicas,
             config.scheduler.mode,
         )
         return cls(config, backend)

@@ -13,6 +13,12 @@ Files in it:
 - `drained-<pid>`: written by a draining worker once nothing of it is in flight.
 - `failed-<pid>.json` `{"cause": str}`: written by a worker whose initialization failed;
   the plugin answers 503 "Unhealthy" with the cause while it exists.
+- `replicas-<pid>.json` `{"status": "Degraded" | "Unhealthy", "cause": str}`: written by a
+  worker some of whose model replicas are down, removed once every replica serves again. The
+  plugin answers 503 "Unhealthy" (no replica serves) or 200 "Degraded" (some do), with the cause.
+
+`failed-` and `replicas-` markers count only while process `<pid>` is alive: the plugin ignores
+those a killed worker left behind.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 
 ENV_VAR = "INF2_STATE_DIR"
 DRAIN_FILE = "drain.json"
+REPLICA_STATUSES = ("Degraded", "Unhealthy")
 
 
 def state_dir() -> Path | None:
@@ -69,3 +76,27 @@ def drained_marker(directory: Path, pid: int | None = None) -> Path:
 
 def failed_marker(directory: Path, pid: int | None = None) -> Path:
     return directory / f"failed-{os.getpid() if pid is None else pid}.json"
+
+
+def replicas_marker(directory: Path, pid: int | None = None) -> Path:
+    return directory / f"replicas-{os.getpid() if pid is None else pid}.json"
+
+
+def write_replica_health(directory: Path, status: str, cause: str) -> Path:
+    """This process's replicas-<pid>.json {"status", "cause"}, written atomically.
+
+    status: "Degraded" (some replicas serve; /ping stays 200) or "Unhealthy" (none does; 503).
+    """
+    if status not in REPLICA_STATUSES:
+        raise ValueError(f"replica health status must be one of {REPLICA_STATUSES}, not {status!r}")
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = replicas_marker(directory)
+    tmp = marker.with_name(f".{marker.name}.tmp")
+    tmp.write_text(json.dumps({"status": status, "cause": cause}))
+    tmp.replace(marker)  # atomic: the plugin never reads half a file
+    return marker
+
+
+def clear_replica_health(directory: Path) -> None:
+    """Remove this process's replicas-<pid>.json: every replica serves again."""
+    replicas_marker(directory).unlink(missing_ok=True)

@@ -4,6 +4,8 @@
   worker has finished its warm-up, then 200; TorchServe's own /ping said 200 as soon as the
   worker process existed. The sim backend's warm-up is made 3 s longer by a failpoint.
 - drain.json in the state dir turns /ping to 503 "Draining"; removing it, back to 200.
+- replicas-<pid>.json of a live process turns /ping to 200 "Degraded" or 503 "Unhealthy" with
+  its cause (Unhealthy wins); that of a dead process, or a malformed one, changes nothing.
 - A worker whose model fails to load answers requests at once with a 503 JSON naming the cause,
   /ping says 503 "Unhealthy" with that cause (quotes, newlines and non-ASCII survive the
   plugin's JSON), and TorchServe restarts the worker after the hold.
@@ -30,7 +32,13 @@ import yaml
 
 from handler.failpoints import INIT_ENV, WARMUP_ENV
 from handler.serving.init_failure import HOLD_ENV
-from handler.serving.state import DRAIN_FILE, write_drain
+from handler.serving.state import (
+    DRAIN_FILE,
+    clear_replica_health,
+    replicas_marker,
+    write_drain,
+    write_replica_health,
+)
 from scripts.torchserve_compat import has_secure_defaults
 from tests.modes import MODES, with_mode
 from tests.torchserve_process import TorchServe, free_port, start_torchserve
@@ -219,6 +227,71 @@ def test_drain_file_turns_ping_to_draining_and_back(warming):
         (server.state_dir / DRAIN_FILE).unlink()
     response = httpx.get(f"{server.url}/ping", headers=server.headers, timeout=10)
     assert (response.status_code, response.json()) == (200, {"status": "Healthy"})
+
+
+def ping_json(server: TorchServe) -> tuple[int, Any]:
+    response = httpx.get(f"{server.url}/ping", headers=server.headers, timeout=10)
+    assert response.headers["content-type"].startswith("application/json")
+    return response.status_code, response.json()
+
+
+def dead_pid() -> int:
+    done = subprocess.Popen(["sleep", "0"])
+    done.wait()
+    try:
+        os.kill(done.pid, 0)
+    except ProcessLookupError:
+        return done.pid
+    pytest.fail(f"pid {done.pid} of an exited process is alive again (reused)")
+
+
+# The worker's cause as it reaches /ping: quotes, newline, backslash and non-ASCII intact.
+REPLICA_CAUSE = 'replica 2 of 4 restarting after "NeuronCore" error\nexit code -9 \\ é'
+
+
+def test_replica_health_markers_turn_ping_degraded_or_unhealthy_while_their_process_lives(warming):
+    server, _ = warming
+    state_dir = server.state_dir
+    assert state_dir is not None
+    assert ping_json(server) == (200, {"status": "Healthy"})
+    me = os.getpid()  # the marker is only meaningful while its pid lives: this test process does
+    other = subprocess.Popen(["sleep", "300"])  # a second live "worker"
+    others = [replicas_marker(state_dir, other.pid), replicas_marker(state_dir, dead_pid())]
+    try:
+        write_replica_health(state_dir, "Degraded", REPLICA_CAUSE)
+        assert ping_json(server) == (200, {"status": "Degraded", "message": f"worker {me}: {REPLICA_CAUSE}"})
+
+        write_replica_health(state_dir, "Unhealthy", "no replica serves")
+        assert ping_json(server) == (503, {"status": "Unhealthy", "message": f"worker {me}: no replica serves"})
+
+        # one worker Degraded, another Unhealthy: Unhealthy wins
+        write_replica_health(state_dir, "Degraded", REPLICA_CAUSE)
+        others[0].write_text('{"status": "Unhealthy", "cause": "all down"}')
+        assert ping_json(server) == (503, {"status": "Unhealthy", "message": f"worker {other.pid}: all down"})
+
+        # malformed markers of live processes are skipped: the Degraded one still speaks
+        others[0].write_text('{"status": "Broken", "cause": "not a status"}')
+        assert ping_json(server)[1]["status"] == "Degraded"
+        others[0].write_text("{not json")
+        assert ping_json(server)[1]["status"] == "Degraded"
+
+        # a marker left behind by a dead process is ignored, whatever it says
+        clear_replica_health(state_dir)
+        others[0].unlink()
+        others[1].write_text('{"status": "Unhealthy", "cause": "left behind"}')
+        assert ping_json(server) == (200, {"status": "Healthy"})
+        others[1].unlink()
+
+        write_replica_health(state_dir, "Degraded", REPLICA_CAUSE)
+        assert ping_json(server) == (200, {"status": "Degraded", "message": f"worker {me}: {REPLICA_CAUSE}"})
+        clear_replica_health(state_dir)  # every replica serves again
+        assert ping_json(server) == (200, {"status": "Healthy"})
+    finally:
+        clear_replica_health(state_dir)
+        for marker in others:
+            marker.unlink(missing_ok=True)
+        other.kill()
+        other.wait()
 
 
 def wait_for(predicate, timeout_s: float, what: str) -> Any:

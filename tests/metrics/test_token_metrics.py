@@ -11,6 +11,7 @@ from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 import handler.serving.metrics
 from handler.engine.step_engine import StepRecord
+from handler.replicas.replica_set import Health
 from handler.serving.metrics import (
     ALL_METRICS,
     CANCELLED,
@@ -64,9 +65,11 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
 class Recorder:
     def __init__(self) -> None:
         self.calls = []
+        self.dimensions = []
 
     def add_metric(self, name, value, unit, idx=None, dimensions=None, metric_type=None):
         self.calls.append((name, value, unit, metric_type))
+        self.dimensions.append(dimensions)
 
 
 def test_figures_follow_the_guidellm_itl_definition():
@@ -139,6 +142,23 @@ def continuous_mode_metrics(metrics: TokenMetrics, ctx) -> None:
     metrics.engine_steps(ctx, steps, 3, 1)
     metrics.round_trip(ctx, 0.0015)
     metrics.cancelled(ctx)
+    metrics.replicas(ctx, Health(3, 2, (4, None, 1), "1 of 3 replicas restarting", None))
+
+
+def test_replica_gauges_carry_the_replica_index():
+    recorder = Recorder()
+    TokenMetrics(compiled_batch_size=4).replicas(
+        SimpleNamespace(metrics=recorder), Health(3, 2, (4, None, 1), "replica 1 is starting", None)
+    )
+    assert [(name, value) for name, value, _, _ in recorder.calls] == [
+        ("llm_replicas_ready", 2),
+        ("llm_replica_slots_occupied", 4),
+        ("llm_replica_slots_occupied", 1),
+    ]
+    assert [[(d.name, d.value) for d in dims] for dims in recorder.dimensions[1:]] == [
+        [("Replica", "0")],
+        [("Replica", "2")],
+    ]
 
 
 def test_continuous_mode_metrics(clock):

@@ -26,7 +26,7 @@ def static(micro_batch_size=1, n_slots=4, batch_size=4):
 def test_shipped_model_config_parses():
     config = ServingConfig.from_model_yaml(yaml.safe_load((REPO / "model-config.yaml").read_text()))
     assert config.handler.backend == "hf"
-    assert config.scheduler.mode == "continuous" and config.batch_size >= config.scheduler.n_slots
+    assert config.scheduler.mode == "continuous" and config.batch_size >= config.scheduler.total_slots
     assert config.micro_batching.micro_batch_size <= config.scheduler.n_slots  # ready for mode: static
 
 
@@ -108,7 +108,7 @@ def test_no_max_batch_delay_in_continuous_mode_is_a_warning(caplog):
 def test_every_shipped_config_bounds_its_frontend_queue_from_its_slots():
     for path in [REPO / "model-config.yaml", *sorted((REPO / "configs").glob("*.yaml"))]:
         config = ServingConfig.from_model_yaml(yaml.safe_load(path.read_text()))
-        n_slots = config.scheduler.n_slots
+        n_slots = config.scheduler.total_slots
         assert config.job_queue_size is not None, f"{path.name}: set jobQueueSize (TorchServe's default is 100)"
         assert 2 * n_slots <= config.job_queue_size <= 4 * n_slots, path
 
@@ -128,4 +128,4 @@ def test_a_missing_or_oversized_job_queue_is_a_warning(caplog):
         assert ServingConfig.from_model_yaml({**minimal(), "jobQueueSize": 16}).job_queue_size == 16
         assert "jobQueueSize" not in caplog.text
         ServingConfig.from_model_yaml({**minimal(), "jobQueueSize": 1000})
-    assert "jobQueueSize 1000 is above 32 x scheduler.n_slots (4)" in caplog.text
+    assert "jobQueueSize 1000 is above 32 x the worker's slots (4, replicas x n_slots)" in caplog.text

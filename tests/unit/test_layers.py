@@ -12,7 +12,16 @@ HANDLER = Path(__file__).resolve().parents[2] / "handler"
 ENGINE_DRIVERS = ("handler.engine.step_engine", "handler.engine.micro_batch", "handler.engine.scheduler")
 # (modules the rule is about, imports they must not make, why)
 RULES = [
-    (("handler.engine",), ("handler.serving", "handler.api", "handler.config"), "the engine knows token ids only"),
+    (
+        ("handler.engine",),
+        ("handler.serving", "handler.api", "handler.config", "handler.replicas"),
+        "the engine knows token ids only",
+    ),
+    (
+        ("handler.replicas",),
+        ("handler.serving", "handler.api"),
+        "replicas run engines on backends and never see the wire or TorchServe",
+    ),
     (
         ("handler.engine.sequence", "handler.engine.detokenizer", "handler.engine.stops"),
         ENGINE_DRIVERS,
@@ -25,7 +34,7 @@ RULES = [
     ),
     (
         ("handler.backends",),
-        ("handler.api", "handler.serving", "handler.engine"),
+        ("handler.api", "handler.serving", "handler.engine", "handler.replicas"),
         "backends never see the wire, TorchServe or the engine",
     ),
     (

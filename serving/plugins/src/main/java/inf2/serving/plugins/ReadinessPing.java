@@ -27,12 +27,24 @@ import org.pytorch.serve.servingsdk.http.Response;
  * frontend serves a plugin's endpoint before its own routes, so this class replaces /ping.
  *
  * <p>200 {@code {"status": "Healthy"}} when nothing is draining, no worker failed to initialize,
- * and every registered model has a worker whose initialize() returned (TorchServe's
- * WORKER_MODEL_LOADED). Otherwise 503 {@code {"status": "Draining"|"Unhealthy"|"Loading",
- * "message": ...}}. Draining and failed starts come from the state directory named by
- * INF2_STATE_DIR (handler/serving/state.py): {@code drain.json}, and {@code failed-<pid>.json}
- * {@code {"cause": ...}} while that worker process is alive. Dependency-free: the JSON in and out
- * is handled here.
+ * every registered model has a worker whose initialize() returned (TorchServe's
+ * WORKER_MODEL_LOADED), and no worker reports model replicas down. Otherwise, in this order:
+ *
+ * <ul>
+ *   <li>503 {@code {"status": "Draining"|"Unhealthy"|"Loading", "message": ...}} while draining, a
+ *       worker failed to initialize, or a model has no loaded worker yet;
+ *   <li>503 {@code {"status": "Unhealthy", "message": "worker <pid>: <cause>"}} when a worker
+ *       reports that none of its replicas serves;
+ *   <li>200 {@code {"status": "Degraded", "message": "worker <pid>: <cause>"}} when a worker reports
+ *       some of its replicas down (restarting): it still serves, with less capacity.
+ * </ul>
+ *
+ * <p>Draining, failed starts and replica health come from the state directory named by
+ * INF2_STATE_DIR (handler/serving/state.py): {@code drain.json}; {@code failed-<pid>.json} {@code
+ * {"cause": ...}}; {@code replicas-<pid>.json} {@code {"status": "Degraded"|"Unhealthy", "cause":
+ * ...}}. A {@code failed-} or {@code replicas-} marker counts only while process {@code <pid>} is
+ * alive; an unreadable or malformed {@code replicas-} marker is skipped. Dependency-free: the JSON
+ * in and out is handled here.
  */
 @Endpoint(
         urlPattern = "ping",
@@ -76,6 +88,12 @@ public final class ReadinessPing extends ModelServerEndpoint {
                         "model " + entry.getKey() + " has no worker that finished loading and warming up yet");
             }
         }
+        if (stateDir != null) {
+            Verdict replicas = replicaHealth(stateDir);
+            if (replicas != null) {
+                return replicas;
+            }
+        }
         return Verdict.HEALTHY;
     }
 
@@ -90,39 +108,89 @@ public final class ReadinessPing extends ModelServerEndpoint {
 
     /** The first failed-<pid>.json of a live process, described; null when there is none. */
     static String liveFailure(Path stateDir) {
-        List<Path> markers = new ArrayList<>();
-        try (DirectoryStream<Path> files = Files.newDirectoryStream(stateDir, "failed-*.json")) {
-            files.forEach(markers::add);
-        } catch (IOException e) { // no state dir yet: nothing failed
+        List<LiveMarker> failed = liveMarkers(stateDir, "failed-");
+        if (failed.isEmpty()) {
             return null;
         }
-        Collections.sort(markers);
-        for (Path marker : markers) {
-            String name = marker.getFileName().toString();
+        LiveMarker first = failed.get(0);
+        String cause = stringField(first.json, "cause");
+        if (cause == null) {
+            cause = "(" + first.name + " holds no readable cause)";
+        }
+        return "worker " + first.pid + " failed to initialize: " + truncated(cause);
+    }
+
+    /**
+     * From the replicas-<pid>.json of live processes: 503 Unhealthy when one says no replica
+     * serves, else 200 Degraded when one says some are down; null when none says either.
+     */
+    static Verdict replicaHealth(Path stateDir) {
+        Verdict degraded = null;
+        for (LiveMarker marker : liveMarkers(stateDir, "replicas-")) {
+            String status = stringField(marker.json, "status");
+            String cause = stringField(marker.json, "cause");
+            if (cause == null || !("Unhealthy".equals(status) || "Degraded".equals(status))) {
+                continue; // malformed: not what a worker writes
+            }
+            String message = "worker " + marker.pid + ": " + truncated(cause);
+            if (status.equals("Unhealthy")) {
+                return Verdict.unready(status, message);
+            }
+            if (degraded == null) {
+                degraded = Verdict.degraded(message);
+            }
+        }
+        return degraded;
+    }
+
+    /** A {@code <prefix><pid>.json} marker of a process that is alive, with its text. */
+    static final class LiveMarker {
+        final long pid;
+        final String name;
+        final String json;
+
+        private LiveMarker(long pid, String name, String json) {
+            this.pid = pid;
+            this.name = name;
+            this.json = json;
+        }
+    }
+
+    /**
+     * The {@code <prefix><pid>.json} markers in the state dir whose process is alive, sorted by
+     * name, with their text; markers of dead pids, bad names or gone meanwhile are left out.
+     */
+    static List<LiveMarker> liveMarkers(Path stateDir, String prefix) {
+        List<Path> paths = new ArrayList<>();
+        try (DirectoryStream<Path> files = Files.newDirectoryStream(stateDir, prefix + "*.json")) {
+            files.forEach(paths::add);
+        } catch (IOException e) { // no state dir yet: no marker
+            return Collections.emptyList();
+        }
+        Collections.sort(paths);
+        List<LiveMarker> live = new ArrayList<>();
+        for (Path path : paths) {
+            String name = path.getFileName().toString();
             long pid;
             try {
-                pid = Long.parseLong(name.substring("failed-".length(), name.length() - ".json".length()));
+                pid = Long.parseLong(name.substring(prefix.length(), name.length() - ".json".length()));
             } catch (NumberFormatException e) {
                 continue;
             }
             if (!ProcessHandle.of(pid).map(ProcessHandle::isAlive).orElse(false)) {
                 continue; // left behind by a worker that was killed: it no longer answers anything
             }
-            String cause;
             try {
-                cause = stringField(new String(Files.readAllBytes(marker), StandardCharsets.UTF_8), "cause");
-            } catch (IOException e) { // removed meanwhile: the worker exited to be restarted
-                continue;
+                live.add(new LiveMarker(pid, name, new String(Files.readAllBytes(path), StandardCharsets.UTF_8)));
+            } catch (IOException e) {
+                // removed meanwhile: the worker exited to be restarted, or its replicas serve again
             }
-            if (cause == null) {
-                cause = "(" + name + " holds no readable cause)";
-            }
-            if (cause.length() > MAX_CAUSE_CHARS) {
-                cause = cause.substring(0, MAX_CAUSE_CHARS) + "...";
-            }
-            return "worker " + pid + " failed to initialize: " + cause;
         }
-        return null;
+        return live;
+    }
+
+    private static String truncated(String cause) {
+        return cause.length() > MAX_CAUSE_CHARS ? cause.substring(0, MAX_CAUSE_CHARS) + "..." : cause;
     }
 
     /**
@@ -254,6 +322,10 @@ public final class ReadinessPing extends ModelServerEndpoint {
 
         static Verdict unready(String status, String message) {
             return new Verdict(503, status, message);
+        }
+
+        static Verdict degraded(String message) {
+            return new Verdict(200, "Degraded", message);
         }
 
         String json() {

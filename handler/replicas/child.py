@@ -1,0 +1,161 @@
+"""A replica process: `python -m handler.replicas.child FD`, started by its worker
+(handler/replicas/process.py) with the socket FD to talk over and, on neuronx, its
+NEURON_RT_VISIBLE_CORES already in the environment.
+
+It loads one model copy (the artifacts the worker's first replica compiled or found), warms it
+up, says `Ready`, then runs a `StepEngine` on its own thread: every `Submit` becomes a
+`Sequence` in it, and after every step the engine's `on_step` reports each sequence's
+`Progress` to the worker. It exits when the worker says `Stop` or goes away (the socket closes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+from handler.backends.base import Backend
+from handler.backends.loader import load_backend
+from handler.engine.sequence import Sequence
+from handler.engine.step_engine import StepEngine
+from handler.replicas.protocol import (
+    LOGPROB_ASKS,
+    Abort,
+    ModelFacts,
+    Ready,
+    ReplicaSpec,
+    StartFailed,
+    Stepped,
+    Stop,
+    Submit,
+)
+
+logger = logging.getLogger(__name__)
+MAX_CAUSE_CHARS = 2000
+
+
+def facts_of(backend: Backend) -> ModelFacts:
+    return ModelFacts(
+        backend.name,
+        backend.n_slots,
+        backend.n_positions,
+        backend.max_prompt_tokens,
+        backend.vocab_size,
+        frozenset(backend.eos_token_ids),
+        {ask: backend.logprobs_refusal(*ask) for ask in LOGPROB_ASKS},
+    )
+
+
+class Replica:
+    """One model copy's step loop, reporting to the worker over `conn`."""
+
+    def __init__(self, backend: Backend, prefill_token_budget: int, conn: Connection) -> None:
+        self.backend = backend
+        self.conn = conn
+        self.engine = StepEngine(backend, prefill_token_budget)
+        self.engine.on_step = self._report
+        self._lock = threading.Lock()  # guards _reported and the sending side of conn
+        self._reported: dict[str, tuple[Sequence, int]] = {}  # request id: its sequence, tokens reported
+
+    def serve(self) -> None:
+        """Take the worker's messages until it says Stop or goes away."""
+        self.engine.start()
+        try:
+            while True:
+                try:
+                    message = self.conn.recv()
+                except (EOFError, OSError):
+                    logger.info("the worker went away; stopping")
+                    return
+                if isinstance(message, Stop):
+                    return
+                self._take(message)
+        finally:
+            self.engine.stop()
+            self.backend.close()
+
+    def _take(self, message: object) -> None:
+        if isinstance(message, Submit):
+            sequence = Sequence(
+                message.request,
+                list(message.prompt_ids),
+                self.backend.tokenizer,
+                self.backend.eos_token_ids,
+                message.request_id,
+                received_at=message.received_at,
+            )
+            with self._lock:
+                self._reported[message.request_id] = (sequence, 0)
+            self.engine.submit(sequence)
+        elif isinstance(message, Abort):
+            with self._lock:
+                self._reported.pop(message.request_id, None)
+            self.engine.abort(message.request_id)
+        else:
+            logger.error("unknown message from the worker: %r", message)
+
+    def _report(self) -> None:
+        """After a step: what each sequence did since its last report (the engine's thread)."""
+        with self._lock:
+            progress = []
+            for request_id, update in self.engine.take(list(self._reported)).items():
+                sequence, reported = self._reported[request_id]
+                progress.append(sequence.progress_since(reported))
+                if update.ended:
+                    del self._reported[request_id]
+                else:
+                    self._reported[request_id] = (sequence, len(sequence.token_ids))
+            message = Stepped(
+                tuple(progress), tuple(self.engine.take_records()), self.engine.occupied, self.engine.waiting
+            )
+            try:
+                self.conn.send(message)
+            except OSError:  # the worker is gone; serve() sees it too and stops
+                logger.info("could not report a step: the worker went away")
+
+
+def describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_CAUSE_CHARS else text[:MAX_CAUSE_CHARS] + "..."
+
+
+def run(conn: Connection) -> int:
+    spec: ReplicaSpec = conn.recv()
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stdout,
+        format=f"replica {spec.index} (pid %(process)d) %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+    started = time.perf_counter()
+    try:
+        backend = load_backend(spec.config, spec.model_dir, cores=spec.cores)
+        backend.warmup()
+    except BaseException as exc:
+        logger.exception("replica %d failed to start", spec.index)
+        conn.send(StartFailed(describe(exc)))
+        return 1
+    replica = Replica(backend, spec.config.scheduler.prefill_token_budget, conn)
+    load_s = time.perf_counter() - started
+    logger.info("replica %d ready in %.1f s", spec.index, load_s)
+    with replica._lock:
+        conn.send(Ready(facts_of(backend), os.getpid(), load_s))
+    replica.serve()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    conn = Connection(int(argv[1]))
+    try:
+        return run(conn)
+    except (EOFError, OSError):  # the worker went away before or while we started
+        return 0
+    finally:
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    os._exit(main(sys.argv))
