@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from handler.errors import ConfigError
 from handler.neuron.config import NeuronxConfig
+from handler.neuron.nxdi_config import NxdiConfig
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class HandlerConfig(_Section):
     """The `handler:` section."""
 
     model_checkpoint_dir: str = Field(min_length=1)
-    backend: Literal["hf", "sim", "neuronx", "auto"] = "hf"
+    backend: Literal["hf", "sim", "neuronx", "nxdi", "auto"] = "hf"
     amp: Literal["f32", "f16", "bf16"] = "f32"
     tp_degree: int = Field(default=1, ge=1, le=32)
     n_positions: int = Field(default=1024, ge=8)
@@ -116,6 +117,7 @@ class HandlerConfig(_Section):
     )
     sim: SimConfig | None = None
     neuronx: NeuronxConfig = NeuronxConfig()  # read by backend neuronx (and auto on an inf2 host)
+    nxdi: NxdiConfig = NxdiConfig()  # read by backend nxdi (and auto on an inf2 host with NxD Inference)
 
     @model_validator(mode="after")
     def _check_lengths(self) -> HandlerConfig:

@@ -18,8 +18,9 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # The archive's own Python dependencies, bundled by `make sagemaker-archive` for the DLC's
-# Python (deps/cp310): endpoints without internet cannot pip install at load. First on the
-# path, so they win over whatever the image ships; on any other Python the venv's are used.
+# Python (deps/cp310 for neuronx, deps/cp312 for nxdi): endpoints without internet cannot pip
+# install at load. First on the path, so they win over whatever the image ships; on any other
+# Python the venv's are used.
 _BUNDLED_DEPS = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "deps", f"cp{sys.version_info[0]}{sys.version_info[1]}"
 )

@@ -16,6 +16,9 @@ class SamplingParams:
     top_p: float = 1.0
     repetition_penalty: float = 1.0
     seed: int | None = None
+    # False for a seed the server drew itself (TGI reports one for every sampled request): a
+    # backend that cannot seed (nxdi's on-device sampling) refuses only a seed the client chose.
+    seed_from_client: bool = True
 
 
 @dataclass(frozen=True)

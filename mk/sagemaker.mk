@@ -71,7 +71,7 @@ sagemaker-local: archive plugins
 	@echo "  make stop"
 
 # Your checkpoint (MODEL_DIR, compiled with `make compile MODEL_CONFIG=$(SAGEMAKER_MODEL_CONFIG)`),
-# embedded, with SAGEMAKER_MODEL_CONFIG, the handler's dependencies for the DLC's Python 3.10
+# embedded, with SAGEMAKER_MODEL_CONFIG, the handler's dependencies for the DLC's Python (3.10 for neuronx, 3.12 for nxdi)
 # (pip, from PyPI or pip's configured index), serving/sagemaker.properties and the /ping plugin
 # (built into $(PLUGINS_DIR) by the script, after it has checked the checkpoint).
 sagemaker-archive: venv $(if $(and $(_sagemaker_tiny),$(filter 1,$(SAGEMAKER_ALLOW_TINY_MODEL))),model)

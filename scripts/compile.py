@@ -1,7 +1,8 @@
 """Compile the model for Inferentia2 ahead of time (`make compile`, on an inf2 host).
 
-Loads the model the way a TorchServe worker does (handler/backends/neuronx.py, with the
-`handler:` and `scheduler:` sections of model-config.yaml), so the artifacts and
+Loads the model the way a TorchServe worker does (handler/backends/neuronx.py or, with
+`backend: nxdi`, handler/backends/nxdi.py; with the `handler:` and `scheduler:` sections of
+model-config.yaml), so the artifacts and
 their manifest land where the server looks: `<checkpoint>/neuron_cache/artifacts` by
 default. The next start, and `make archive` (which ships the checkpoint folder), load them
 without compiling. Run it again after changing tp_degree, amp, n_positions, buckets or
@@ -11,6 +12,7 @@ scheduler.n_slots: it recompiles only when the manifest no longer matches.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -26,6 +28,16 @@ import yaml
 
 from handler.config import ServingConfig
 from handler.errors import ConfigError
+from handler.neuron.auto import DEVICE_BACKENDS
+
+
+def device_backend(configured: str | None) -> str:
+    """The device backend to compile for: the config's nxdi or neuronx; otherwise (hf, auto, sim)
+    the one whose SDK is installed here, as `backend: auto` would pick it."""
+    if configured in ("neuronx", "nxdi"):
+        return configured
+    installed = [name for name, package, _ in DEVICE_BACKENDS if importlib.util.find_spec(package)]
+    return installed[0] if installed else "neuronx"
 
 
 def main(argv: Sequence[str] | None = None) -> str:
@@ -39,13 +51,16 @@ def main(argv: Sequence[str] | None = None) -> str:
     raw = yaml.safe_load(args.config.read_text()) or {}
     raw.setdefault("handler", {})
     raw["handler"]["model_checkpoint_dir"] = str(args.model_dir.resolve())
-    raw["handler"]["backend"] = "neuronx"
-    from handler.backends.neuronx import NeuronxBackend
+    raw["handler"]["backend"] = device_backend(raw["handler"].get("backend"))
+    if raw["handler"]["backend"] == "nxdi":
+        from handler.backends.nxdi import NxdiBackend as DeviceBackend
+    else:
+        from handler.backends.neuronx import NeuronxBackend as DeviceBackend
 
     started = time.perf_counter()
     try:
         config = ServingConfig.from_model_yaml(raw)
-        backend = NeuronxBackend(config, args.model_dir.resolve(), gpu_id=None, workers=1)
+        backend = DeviceBackend(config, args.model_dir.resolve(), gpu_id=None, workers=1)
     except ConfigError as exc:
         raise SystemExit(f"make compile: {exc}") from None
     try:

@@ -1,10 +1,12 @@
 """Create a SageMaker model, endpoint configuration and endpoint on an ml.inf2 instance.
 
 The model data is the uncompressed S3 prefix from scripts/sagemaker_upload.py; the
-container is the PyTorch Neuron DLC for Neuron SDK 2.25 (TorchServe 0.11.0 inside), which
-reads the archive's sagemaker.properties (TS_CONFIG_FILE). The knobs are the seed
-deployment's: volume size, model data download timeout, container startup health check
-timeout, instance count; target-tracking autoscaling is optional.
+container is the PyTorch Neuron DLC for the backend the model data was built for (its
+model-config.yaml's handler.backend, or --backend): Neuron SDK 2.25 for neuronx, SDK 2.28 for
+nxdi, both with TorchServe 0.11.0 inside; --image-uri picks another. It reads the archive's
+sagemaker.properties (TS_CONFIG_FILE). The knobs are the seed deployment's: volume size,
+model data download timeout, container startup health check timeout, instance count;
+target-tracking autoscaling is optional.
 
 With --wait it returns once the model answers: InService alone is not enough, because
 TorchServe 0.11's /ping says Healthy before the worker has loaded the model, so it then
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from botocore.exceptions import (
     ClientError,
     ConnectionClosedError,
@@ -37,15 +40,24 @@ from botocore.exceptions import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.sagemaker_common import PROPERTIES_NAME, check_name, container_environment, split_s3_uri
+from scripts.sagemaker_common import (
+    DLC_REPOSITORY,
+    DLCS,
+    MODEL_CONFIG_NAME,
+    PROPERTIES_NAME,
+    check_name,
+    config_backend,
+    container_environment,
+    dlc_for,
+    split_s3_uri,
+)
 
 logger = logging.getLogger("sagemaker_deploy")
 
-# The PyTorch Neuron inference DLC for Neuron SDK 2.25, the last release with
-# transformers-neuronx (Python 3.10, torch 2.7, TorchServe 0.11.0). Artifacts compiled with
+# The PyTorch Neuron inference DLCs (scripts/sagemaker_common.py: DLCS): for neuronx the one for
+# Neuron SDK 2.25, the last release with transformers-neuronx (Python 3.10, torch 2.7); for nxdi
+# the SDK 2.28 one (Python 3.12, torch 2.9). Both run TorchServe 0.11.0. Artifacts compiled with
 # another SDK do not load: pass that SDK's DLC with --image-uri.
-DLC_REPOSITORY = "pytorch-inference-neuronx"
-DEFAULT_DLC_TAG = "2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"
 # The Deep Learning Containers' ECR account per region, as AWS documents it ("Region
 # availability" of the AWS Deep Learning Containers documentation). Whether a region also
 # offers ml.inf2 instances is a separate question: CreateEndpointConfig answers it.
@@ -109,7 +121,9 @@ class DeployError(RuntimeError):
     """The deployment cannot go on; the message says why and where to look."""
 
 
-def dlc_image_uri(region: str, tag: str = DEFAULT_DLC_TAG) -> str:
+def dlc_image_uri(region: str, tag: str | None = None, *, backend: str = "neuronx") -> str:
+    """The region's DLC image: `tag`, or by default the DLC for `backend` (dlc_for)."""
+    tag = tag or dlc_for(backend).tag
     account = DLC_ACCOUNTS.get(region)
     if account is None:
         raise ValueError(
@@ -268,6 +282,19 @@ def check_model_data(s3, model_data: str) -> None:
             raise
 
 
+def model_data_backend(s3, model_data: str) -> str | None:
+    """handler.backend of the model-config.yaml in the uploaded model data; None when it cannot be read."""
+    bucket, prefix = split_s3_uri(model_data)
+    key = prefix + MODEL_CONFIG_NAME
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        raw = yaml.safe_load(body)
+    except (ClientError, yaml.YAMLError) as exc:
+        logger.warning("cannot read s3://%s/%s for the backend (%s)", bucket, key, exc)
+        return None
+    return config_backend(raw) if isinstance(raw, dict) else None
+
+
 def wait_in_service(sagemaker, endpoint_name: str) -> None:
     started = time.monotonic()
     try:
@@ -390,7 +417,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--role-arn", required=True, help="SageMaker execution role (reads the model data)")
     parser.add_argument("--endpoint-name", default=None, help="default: inf2-llm-<timestamp>")
     parser.add_argument("--region", default=None)
-    parser.add_argument("--image-uri", default=None, help=f"default: the {DLC_REPOSITORY}:{DEFAULT_DLC_TAG} DLC")
+    parser.add_argument(
+        "--image-uri",
+        default=None,
+        help=f"default: the {DLC_REPOSITORY} DLC for the backend: "
+        + ", ".join(f"{dlc.backend} {dlc.tag}" for dlc in DLCS.values()),
+    )
+    parser.add_argument(
+        "--backend",
+        choices=sorted(DLCS),
+        default=None,
+        help="the backend the model data was built for, which picks the default image; default: handler.backend "
+        f"of the uploaded {MODEL_CONFIG_NAME} (neuronx when it cannot be read)",
+    )
     parser.add_argument("--instance-type", default="ml.inf2.xlarge")
     parser.add_argument("--instance-count", type=int, default=1)
     parser.add_argument("--volume-size", type=int, default=64, help="GB of EBS for the model data")
@@ -411,13 +450,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def deployment_from_args(args: argparse.Namespace, region: str) -> Deployment:
+def deployment_from_args(args: argparse.Namespace, region: str, backend: str | None = None) -> Deployment:
+    """`backend`: handler.backend as read from the model data, for the default image (--backend wins)."""
     scaling = Autoscaling(args.autoscale_min, args.autoscale_max, args.autoscale_target) if args.autoscale_max else None
     return Deployment(
         endpoint_name=args.endpoint_name or f"inf2-llm-{time.strftime('%Y%m%d-%H%M%S')}",
         model_data=args.model_data,
         role_arn=args.role_arn,
-        image_uri=args.image_uri or dlc_image_uri(region),
+        image_uri=args.image_uri or dlc_image_uri(region, backend=args.backend or backend or "neuronx"),
         instance_type=args.instance_type,
         instance_count=args.instance_count,
         volume_size_gb=args.volume_size,
@@ -453,7 +493,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not session.region_name:
             raise DeployError("no AWS region: pass --region (AWS_REGION=... with make), or set one with aws configure")
-        d = deployment_from_args(args, session.region_name)
+        backend = None
+        if not (args.image_uri or args.backend or args.skip_model_data_check):
+            backend = model_data_backend(session.client("s3"), args.model_data)
+            logger.info("model data: handler.backend %s: the %s DLC", backend, dlc_for(backend or "neuronx").tag)
+        d = deployment_from_args(args, session.region_name, backend)
         deploy(clients_for(session, d, args), d, wait=args.wait, probe=Probe(timeout_s=args.ready_timeout))
     except (ValueError, DeployError) as exc:
         raise SystemExit(f"error: {exc}") from None

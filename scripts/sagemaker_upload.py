@@ -2,9 +2,10 @@
 
 The folder is what `make sagemaker-archive` writes (build/sagemaker/model_store/<name>/:
 MAR-INF/MANIFEST.json, the handler, model-config.yaml, the checkpoint with its compiled
-Neuron artifacts, deps/cp310/ and sagemaker.properties). SageMaker copies the S3 prefix file by
-file to /opt/ml/model (`S3DataType=S3Prefix`, `CompressionType=None`): no multi-GB tar.gz
-to pack or unpack. A folder that would not start on the endpoint is refused before any upload.
+Neuron artifacts, deps/cp<XY>/ for the DLC's Python and sagemaker.properties). SageMaker
+copies the S3 prefix file by file to /opt/ml/model (`S3DataType=S3Prefix`,
+`CompressionType=None`): no multi-GB tar.gz to pack or unpack. A folder that would not
+start on the endpoint is refused before any upload.
 
     python scripts/sagemaker_upload.py --model-dir build/sagemaker/model_store/llama --s3-uri s3://my-bucket/llama-inf2/
 """
@@ -15,16 +16,18 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts.sagemaker_common import (
-    DLC_PYTHON_VERSION,
+    DEPS_DIR,
     MODEL_CONFIG_NAME,
     PROPERTIES_NAME,
     Findings,
+    config_backend,
     config_findings,
-    deps_subdir,
+    dlc_for,
     load_model_config,
     split_s3_uri,
 )
@@ -52,19 +55,36 @@ def check_model_folder(model_dir: Path) -> Findings:
     found = Findings()
     if not (model_dir / PROPERTIES_NAME).is_file():
         found.errors.append(f"{model_dir} has no {PROPERTIES_NAME} (the container's TorchServe config); {BUILD_HINT}")
-    deps = deps_subdir(DLC_PYTHON_VERSION)
-    if not any((model_dir / deps).glob("pydantic-*.dist-info")):
-        found.errors.append(
-            f"{model_dir} has no {deps}/ with pydantic (the handler's dependencies for the DLC's Python, bundled "
-            f"because nothing is pip-installed on the endpoint); {BUILD_HINT}"
-        )
     config = model_dir / MODEL_CONFIG_NAME
-    if not config.is_file():
+    raw = load_model_config(config) if config.is_file() else None
+    found.extend(check_deps(model_dir, raw))
+    if raw is None:
         found.errors.append(f"{model_dir} has no {MODEL_CONFIG_NAME}; {BUILD_HINT}")
         return found
-    raw = load_model_config(config)
     checkpoint = model_dir / str((raw.get("handler") or {}).get("model_checkpoint_dir", "model"))
     found.extend(config_findings(raw, checkpoint, str(config)))
+    return found
+
+
+def check_deps(model_dir: Path, raw: dict[str, Any] | None) -> Findings:
+    """The bundled dependencies, for the Python of the DLC the config's backend deploys to; a bundle
+    for another Python (--python-version) only warns: it needs an --image-uri running that Python."""
+    found = Findings()
+    dlc = dlc_for(config_backend(raw or {}))
+    bundled = sorted(p.parent.name for p in (model_dir / DEPS_DIR).glob("cp*/pydantic-*.dist-info"))
+    if Path(dlc.deps_subdir).name in bundled:
+        return found
+    if bundled:
+        found.warnings.append(
+            f"{model_dir} bundles the handler's dependencies for {', '.join(bundled)}, not for {dlc.deps_subdir}: "
+            f"the default {dlc.backend} image ({dlc.tag}) runs Python {dlc.python_version}, so deploy with "
+            "--image-uri of an image whose Python matches"
+        )
+    else:
+        found.errors.append(
+            f"{model_dir} has no {dlc.deps_subdir}/ with pydantic (the handler's dependencies for the DLC's Python, "
+            f"bundled because nothing is pip-installed on the endpoint); {BUILD_HINT}"
+        )
     return found
 
 

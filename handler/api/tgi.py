@@ -52,6 +52,7 @@ SSE = "text/event-stream"
 JSON = "application/json"
 MAX_TOP_N_TOKENS = 5  # TGI's default --max-top-n-tokens
 SEED_LIMIT = 2**63
+SAMPLING_FIELDS = ("seed", "repetition_penalty", "top_k", "top_p", "temperature")  # named parameters.<field>
 
 FINISH_REASONS = {FinishReason.EOS: "eos_token", FinishReason.LENGTH: "length", FinishReason.STOP: "stop_sequence"}
 
@@ -174,12 +175,13 @@ class TgiApi(Api):
         return compact_json(error_body(error))
 
     def wire_name(self, field: str) -> str:
-        """What a backend's refusal names (sim has no logits; neuronx needs output_all_logits)."""
+        """What a backend's refusal names (sim has no logits; neuronx needs output_all_logits; nxdi's
+        on-device sampling takes no seed)."""
         if field == "logprobs":
             return "parameters.top_n_tokens" if self.top_n > 0 else "parameters.details"
         if field == "prompt_logprobs":
             return "parameters.decoder_input_details"
-        return field
+        return f"parameters.{field}" if field in SAMPLING_FIELDS else field
 
     def http_status(self, error: ServingError) -> tuple[int, str]:
         status = http_status(error)
@@ -321,6 +323,7 @@ def _sampling(params: TgiParameters) -> SamplingParams:
         top_p=top_p,
         repetition_penalty=1.0 if penalty is None else penalty,
         seed=seed,
+        seed_from_client=params.seed is not None,
     )
 
 

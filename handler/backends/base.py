@@ -67,6 +67,11 @@ class Backend(ABC):
         The service asks once, in `prepare`, and answers 400 naming the request's field."""
         return None
 
+    def request_refusal(self, sampling: SamplingParams) -> tuple[str, str] | None:
+        """(the request field, why) when this backend cannot sample as a request asks (nxdi with
+        on-device sampling has no seed or repetition penalty); None when it can. Asked in `prepare`."""
+        return None
+
     @property
     def sampling_s(self) -> float:
         """Host seconds the last prefill or decode call spent choosing tokens (0 for a backend

@@ -73,4 +73,8 @@ def _load(
         from handler.backends.neuronx import NeuronxBackend
 
         return NeuronxBackend(config, checkpoint, gpu_id, workers, cores)
+    if handler.backend == "nxdi":
+        from handler.backends.nxdi import NxdiBackend
+
+        return NxdiBackend(config, checkpoint, gpu_id, workers, cores)
     raise ConfigError(f"model-config.yaml: handler.backend: unknown backend {handler.backend!r}")

@@ -6,7 +6,8 @@ compiler flags or another compiler load silently. So `manifest.json`, written la
 beside the NEFFs, records everything they depend on and is compared before `load()`;
 any difference means a clean recompile.
 
-Layout:  <artifacts_dir>/manifest.json + *.neff   (written to a temporary folder, then
+Layout:  <artifacts_dir>/manifest.json + what the SDK saved (neuronx: *.neff; nxdi: model.pt,
+neuron_config.json, weights/), every file listed in the manifest (written to a temporary folder, then
 swapped in, so a reader never sees half a set), and `<artifacts_dir>.lock`, which
 serialises compiling between the workers of one host.
 """
@@ -74,7 +75,7 @@ def save(artifacts_dir: Path, expected: dict[str, Any], save_model: Callable[[st
     shutil.rmtree(staging, ignore_errors=True)
     try:
         save_model(str(staging))
-        files = sorted(p.name for p in staging.iterdir() if p.is_file())
+        files = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
         manifest = {
             "manifest_version": MANIFEST_VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -1,4 +1,5 @@
-"""`backend: auto`: neuronx where transformers-neuronx and a Neuron device are both present, else hf."""
+"""`backend: auto`: on a host with a Neuron device, neuronx where transformers-neuronx imports
+(Neuron SDK <= 2.25), else nxdi where NxD Inference does (SDK 2.26-2.31); else hf."""
 
 from __future__ import annotations
 
@@ -7,12 +8,21 @@ from pathlib import Path
 
 from handler.neuron.cores import neuron_devices
 
+# (backend, the package it needs, its name in messages), in order of preference
+DEVICE_BACKENDS = (
+    ("neuronx", "transformers_neuronx", "transformers-neuronx"),
+    ("nxdi", "neuronx_distributed_inference", "NxD Inference"),
+)
+
 
 def choose_backend(dev_dir: Path = Path("/dev")) -> tuple[str, str]:
     """The backend auto picks on this host, and why."""
-    has_package = importlib.util.find_spec("transformers_neuronx") is not None
     devices = neuron_devices(dev_dir)
-    if has_package and devices:
-        return "neuronx", f"transformers-neuronx is installed and {len(devices)} Neuron device(s) are present"
-    checks = (("transformers-neuronx", has_package), ("a Neuron device (/dev/neuron*)", bool(devices)))
-    return "hf", "no " + " and no ".join(what for what, ok in checks if not ok)
+    installed = [(name, label) for name, package, label in DEVICE_BACKENDS if importlib.util.find_spec(package)]
+    if devices and installed:
+        name, label = installed[0]
+        return name, f"{label} is installed and {len(devices)} Neuron device(s) are present"
+    missing = [] if installed else ["transformers-neuronx or NxD Inference"]
+    if not devices:
+        missing.append("a Neuron device (/dev/neuron*)")
+    return "hf", "no " + " and no ".join(missing)

@@ -91,36 +91,12 @@ def refused_neuron_config(options: Mapping[str, Option]) -> list[str]:
     return problems
 
 
-class NeuronxConfig(BaseModel):
+class DeviceSection(BaseModel):
+    """What every Neuron backend's section (`handler.neuronx`, `handler.nxdi`) holds: where the
+    compiled artifacts and the compile cache live, the cores, and whether to compile."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    model_class: str = Field(
-        default="LlamaForSampling",
-        description="a class under transformers_neuronx: 'LlamaForSampling', 'mistral.model.MistralForSampling', ...",
-        min_length=1,
-    )
-    context_length_estimate: list[int] | None = Field(
-        default=None,
-        description=(
-            "prompt (context encoding) buckets, at least 3 tokens each; default: powers of two from 128 up to "
-            "n_positions. The largest is the longest prompt served (a longer one is answered 400)"
-        ),
-    )
-    group_query_attention: (
-        Literal["shard-over-heads", "shard-over-batch", "replicated-heads", "all-gather-heads"] | None
-    ) = None
-    quantize_weights: Literal["s8"] | None = Field(
-        default=None, description="'s8': int8 weight-only quantization (QuantizationConfig), dequantized to amp"
-    )
-    neuron_config: dict[str, Option] = Field(
-        default_factory=dict,
-        description=(
-            "more NeuronConfig keywords, e.g. {fuse_qkv: true}; unknown ones fail start, and so do those the backend "
-            "owns or cannot honour (continuous_batching, batch_size_for_shared_caches, max_num_seqs, padding_side, "
-            "lhs_aligned, use_2d_cache_ids, cache_layout BSH, output_all_logits, log_softmax_scores, "
-            "on_device_generation, EAGLE)"
-        ),
-    )
     compiler_flags: list[str] = Field(default_factory=list, description="extra neuronx-cc flags for NEURON_CC_FLAGS")
     cache_dir: str = Field(
         default="neuron_cache",
@@ -151,6 +127,44 @@ class NeuronxConfig(BaseModel):
             "saying what differs. For read-only model directories with artifacts from `make compile`"
         ),
     )
+    warmup: bool = True
+
+    @field_validator("compile_cache")
+    @classmethod
+    def _cache_url(cls, value: str | None) -> str | None:
+        if value is None or value.startswith("s3://") or PurePosixPath(value).is_absolute():
+            return value
+        raise ValueError("must be an absolute local path (e.g. /tmp/neuron-compile-cache) or an s3:// URL")
+
+
+class NeuronxConfig(DeviceSection):
+    model_class: str = Field(
+        default="LlamaForSampling",
+        description="a class under transformers_neuronx: 'LlamaForSampling', 'mistral.model.MistralForSampling', ...",
+        min_length=1,
+    )
+    context_length_estimate: list[int] | None = Field(
+        default=None,
+        description=(
+            "prompt (context encoding) buckets, at least 3 tokens each; default: powers of two from 128 up to "
+            "n_positions. The largest is the longest prompt served (a longer one is answered 400)"
+        ),
+    )
+    group_query_attention: (
+        Literal["shard-over-heads", "shard-over-batch", "replicated-heads", "all-gather-heads"] | None
+    ) = None
+    quantize_weights: Literal["s8"] | None = Field(
+        default=None, description="'s8': int8 weight-only quantization (QuantizationConfig), dequantized to amp"
+    )
+    neuron_config: dict[str, Option] = Field(
+        default_factory=dict,
+        description=(
+            "more NeuronConfig keywords, e.g. {fuse_qkv: true}; unknown ones fail start, and so do those the backend "
+            "owns or cannot honour (continuous_batching, batch_size_for_shared_caches, max_num_seqs, padding_side, "
+            "lhs_aligned, use_2d_cache_ids, cache_layout BSH, output_all_logits, log_softmax_scores, "
+            "on_device_generation, EAGLE)"
+        ),
+    )
     output_all_logits: bool = Field(
         default=False,
         description=(
@@ -159,7 +173,6 @@ class NeuronxConfig(BaseModel):
             "400. Changing it recompiles (it is in the artifact manifest)"
         ),
     )
-    warmup: bool = True
 
     @field_validator("context_length_estimate")
     @classmethod
@@ -192,10 +205,3 @@ class NeuronxConfig(BaseModel):
         if problems:
             raise PydanticCustomError("neuron_config_refused", "; ".join(problems))
         return value
-
-    @field_validator("compile_cache")
-    @classmethod
-    def _cache_url(cls, value: str | None) -> str | None:
-        if value is None or value.startswith("s3://") or PurePosixPath(value).is_absolute():
-            return value
-        raise ValueError("must be an absolute local path (e.g. /tmp/neuron-compile-cache) or an s3:// URL")

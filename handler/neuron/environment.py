@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,15 @@ def effective_cache(env: Mapping[str, str], wanted_url: str) -> str:
         if flag.startswith("--cache_dir="):
             return f"{flag} in NEURON_CC_FLAGS (set by the operator)"
     return f"NEURON_COMPILE_CACHE_URL={wanted_url} (Neuron persistent cache)"
+
+
+def child_environment(extra: Mapping[str, str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a Python child process this one starts (a replica, a compile): this
+    process's, with its import path (the archive's `handler` and bundled dependencies) and `extra`."""
+    out = dict(os.environ if env is None else env)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    out.update(extra)
+    return out
 
 
 def pin_cores(visible_cores: str, env: MutableMapping[str, str] | None = None) -> None:

@@ -46,6 +46,7 @@ def facts_of(backend: Backend) -> ModelFacts:
         backend.vocab_size,
         frozenset(backend.eos_token_ids),
         {ask: backend.logprobs_refusal(*ask) for ask in LOGPROB_ASKS},
+        getattr(backend, "device_sampling_topk", None),
     )
 
 

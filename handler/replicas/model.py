@@ -13,8 +13,10 @@ from handler.backends.loader import resolve_auto
 from handler.backends.tokenizer import load_tokenizer
 from handler.config import ServingConfig
 from handler.neuron.cores import CorePlacement, claim, split
+from handler.neuron.nxdi_config import device_sampling_refusal
 from handler.replicas.protocol import ReplicaSpec
 from handler.replicas.replica_set import ReplicaSet
+from handler.request import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +38,14 @@ class ReplicatedModel:
         self.vocab_size = facts.vocab_size
         self.eos_token_ids = facts.eos_token_ids
         self._refusals = facts.logprob_refusals
+        self._device_topk = facts.device_sampling_topk
 
     def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
         return self._refusals.get((logprobs, prompt_logprobs))
+
+    def request_refusal(self, sampling: SamplingParams) -> tuple[str, str] | None:
+        """As the replicas' backend answers it (nxdi with on-device sampling refuses some fields)."""
+        return None if self._device_topk is None else device_sampling_refusal(sampling, self._device_topk)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
@@ -73,8 +80,9 @@ def start_replicas(
     config = _share_cpu_threads(config)
     handler, count = config.handler, config.scheduler.replicas
     placement, shares = None, [None] * count
-    if handler.backend == "neuronx":
-        placement, within = claim(gpu_id, workers, handler.tp_degree, handler.neuronx.num_cores, replicas=count)
+    if handler.backend in ("neuronx", "nxdi"):
+        num_cores = (handler.neuronx if handler.backend == "neuronx" else handler.nxdi).num_cores
+        placement, within = claim(gpu_id, workers, handler.tp_degree, num_cores, replicas=count)
         shares = split(placement.cores, count, handler.tp_degree)
         logger.info(
             "replicas: NeuronCores %s for this worker (%s, within %s): %s",

@@ -11,7 +11,6 @@ exit (EOF on the socket, then the exit status) within milliseconds of a kill -9.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from handler.neuron.cores import VISIBLE_CORES_ENV, format_core_list
+from handler.neuron.environment import child_environment
 from handler.replicas.protocol import ReplicaSpec, Stop
 
 logger = logging.getLogger(__name__)
@@ -52,10 +52,7 @@ class ReplicaProcess:
         self._on_exit = on_exit
         self._send_lock = threading.Lock()
         ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # `handler` and the archive's deps
-        if spec.cores is not None:
-            env[VISIBLE_CORES_ENV] = format_core_list(spec.cores)
+        env = child_environment({} if spec.cores is None else {VISIBLE_CORES_ENV: format_core_list(spec.cores)})
         try:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "handler.replicas.child", str(theirs.fileno())],

@@ -35,6 +35,7 @@ class ModelFacts:
     vocab_size: int | None
     eos_token_ids: frozenset[int]
     logprob_refusals: dict[tuple[bool, bool], str | None] = field(default_factory=dict)
+    device_sampling_topk: int | None = None  # nxdi with on-device sampling: its global_topk
 
 
 # -- worker to replica -----------------------------------------------------------------

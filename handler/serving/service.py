@@ -99,6 +99,7 @@ class GenerationService:
             body = decode_body(body_of(row)) if body is None else body
             request = work.api.parse(body, self.limits, self.backend.tokenizer)
             self._check_logprobs(request, work.api)
+            self._check_sampling(request, work.api)
             if request.prompt_token_ids is not None:
                 prompt_ids = self._checked_token_ids(request.prompt_token_ids)
                 if not request.prompt:  # the text an echo repeats, and what logs and stop strings see
@@ -132,6 +133,13 @@ class GenerationService:
         if refusal is not None:
             param = api.wire_name("prompt_logprobs" if wants_prompt else "logprobs")
             raise InvalidRequest(f"'{param}' cannot be served: {refusal}", param)
+
+    def _check_sampling(self, request: GenerationRequest, api: Api) -> None:
+        refusal = self.backend.request_refusal(request.sampling)
+        if refusal is not None:
+            field, why = refusal
+            param = api.wire_name(field)
+            raise InvalidRequest(f"'{param}' cannot be served: {why}", param)
 
     def _checked_token_ids(self, token_ids: tuple[int, ...]) -> list[int]:
         """A prompt given as token ids, used as is: no re-tokenizing, no special tokens added."""

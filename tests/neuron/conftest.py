@@ -28,7 +28,13 @@ NEURON_ENV = (
     "INF2_OPERATOR_NEURON_CC_FLAGS",
     "INF2_OPERATOR_VISIBLE_CORES",
 )
-FAKE_MODULES = ("transformers_neuronx", "neuronxcc")
+FAKE_MODULES = (
+    "transformers_neuronx",
+    "neuronxcc",
+    "neuronx_distributed_inference",
+    "neuronx_distributed",
+    "torch_neuronx",
+)
 
 
 def purge_fake_modules() -> None:
@@ -94,11 +100,22 @@ def neuronx_yaml(checkpoint: Path, workers: int = 1, n_slots: int = 2, **handler
     }
 
 
+def nxdi_yaml(checkpoint: Path, n_slots: int = 2, **handler: Any) -> dict[str, Any]:
+    """The neuronx model-config.yaml with backend nxdi: `n_slots` is NxDI's compiled batch size."""
+    nxdi = {"num_cores": 2, **handler.pop("nxdi", {})}
+    yaml = neuronx_yaml(checkpoint, n_slots=n_slots, **handler)
+    yaml["handler"].pop("neuronx")
+    yaml["handler"].update(backend="nxdi", nxdi=nxdi)
+    return yaml
+
+
 @pytest.fixture
 def start_backend() -> Iterator[Callable[..., Any]]:
-    """start_backend(model_yaml, gpu_id=None, warmup=True) -> NeuronxBackend, built as the loader builds
+    """start_backend(model_yaml, gpu_id=None, warmup=True) -> NeuronxBackend or NxdiBackend (by the
+    config's backend), built as the loader builds
     it (the worker count from minWorkers/maxWorkers) and warmed up; every backend is closed afterwards."""
     from handler.backends.neuronx import NeuronxBackend
+    from handler.backends.nxdi import NxdiBackend
     from handler.config import ServingConfig
     from handler.serving.service import workers_of
 
@@ -107,7 +124,8 @@ def start_backend() -> Iterator[Callable[..., Any]]:
     def start(model_yaml: dict[str, Any], gpu_id: int | None = None, warmup: bool = True) -> Any:
         config = ServingConfig.from_model_yaml(model_yaml)
         checkpoint = Path(model_yaml["handler"]["model_checkpoint_dir"])
-        backend = NeuronxBackend(config, checkpoint, gpu_id, workers_of(model_yaml))
+        backend_cls = NxdiBackend if config.handler.backend == "nxdi" else NeuronxBackend
+        backend = backend_cls(config, checkpoint, gpu_id, workers_of(model_yaml))
         started.append(backend)
         if warmup:
             backend.warmup()  # as the service does after loading

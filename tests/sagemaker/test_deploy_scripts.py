@@ -158,6 +158,43 @@ def test_upload_refuses_a_folder_the_endpoint_could_not_start_before_sending_any
     assert recorder.params("PutObject") == []
 
 
+NXDI_SAGEMAKER_CONFIG = SAGEMAKER_CONFIG.replace("backend: neuronx", "backend: nxdi").replace("neuronx:", "nxdi:")
+
+
+def as_nxdi(folder: Path, deps: str | None = "cp312") -> Path:
+    """The model folder as built from an nxdi config: deps for the nxdi DLC's Python 3.12."""
+    (folder / "model-config.yaml").write_text(NXDI_SAGEMAKER_CONFIG)
+    shutil.rmtree(folder / "deps")
+    if deps:
+        (folder / "deps" / deps / "pydantic-2.14.4.dist-info").mkdir(parents=True)
+    return folder
+
+
+def test_upload_accepts_an_nxdi_folder_with_deps_for_python_3_12(model_folder):
+    found = sagemaker_upload.check_model_folder(as_nxdi(model_folder))
+    assert (found.errors, found.warnings) == ([], [])
+
+
+def test_upload_refuses_an_nxdi_folder_without_deps(model_folder):
+    (error,) = sagemaker_upload.check_model_folder(as_nxdi(model_folder, deps=None)).errors
+    assert "no deps/cp312/ with pydantic" in error
+
+
+@pytest.mark.parametrize(("backend", "deps", "image_python"), [("nxdi", "cp310", "3.12"), ("neuronx", "cp312", "3.10")])
+def test_deps_for_another_python_than_the_backends_image_only_warn(model_folder, backend, deps, image_python):
+    """--python-version for an --image-uri with another Python: the upload goes on, saying so."""
+    if backend == "nxdi":
+        as_nxdi(model_folder, deps=deps)
+    else:
+        shutil.rmtree(model_folder / "deps")
+        (model_folder / "deps" / deps / "pydantic-2.14.4.dist-info").mkdir(parents=True)
+    found = sagemaker_upload.check_model_folder(model_folder)
+    (warning,) = found.warnings
+    assert found.errors == []
+    assert f"for {deps}, not for deps/cp{image_python.replace('.', '')}" in warning and "--image-uri" in warning
+    assert f"runs Python {image_python}" in warning
+
+
 def deployment(**overrides: Any) -> Deployment:
     values: dict[str, Any] = {
         "endpoint_name": "llama-inf2-test",
@@ -355,6 +392,95 @@ def test_a_region_without_a_documented_registry_asks_for_image_uri():
         sagemaker_deploy.deployment_from_args(args, "xx-nowhere-1")
     args = sagemaker_deploy.parse_args(["--model-data", "s3://bkt/p", "--role-arn", ROLE, "--image-uri", "my/image:1"])
     assert sagemaker_deploy.deployment_from_args(args, "xx-nowhere-1").image_uri == "my/image:1"
+
+
+NXDI_TAG = "2.9.0-neuronx-py312-sdk2.28.0-ubuntu24.04"
+
+
+@pytest.mark.parametrize(
+    ("region", "registry"),
+    [
+        ("us-west-2", "763104351884.dkr.ecr.us-west-2.amazonaws.com"),
+        ("ap-east-2", "975050140332.dkr.ecr.ap-east-2.amazonaws.com"),
+        ("cn-north-1", "727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn"),
+    ],
+)
+def test_the_nxdi_image_is_the_sdk_2_28_dlc_from_the_regions_registry(region, registry):
+    assert sagemaker_deploy.dlc_image_uri(region, backend="nxdi") == f"{registry}/pytorch-inference-neuronx:{NXDI_TAG}"
+
+
+@pytest.mark.parametrize(
+    ("from_model_data", "flags", "tag"),
+    [
+        (None, [], "2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"),  # unknown: neuronx, as before
+        ("neuronx", [], "2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"),
+        ("auto", [], "2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"),
+        ("hf", [], "2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"),
+        ("nxdi", [], NXDI_TAG),
+        (None, ["--backend", "nxdi"], NXDI_TAG),
+        ("nxdi", ["--backend", "neuronx"], "2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"),  # --backend wins
+    ],
+)
+def test_the_default_image_follows_the_backend(from_model_data, flags, tag):
+    args = sagemaker_deploy.parse_args(["--model-data", "s3://bkt/p", "--role-arn", ROLE, *flags])
+    d = sagemaker_deploy.deployment_from_args(args, REGION, from_model_data)
+    assert d.image_uri == f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-inference-neuronx:{tag}"
+
+
+def test_image_uri_overrides_the_backends_image():
+    args = sagemaker_deploy.parse_args(
+        ["--model-data", "s3://bkt/p", "--role-arn", ROLE, "--backend", "nxdi", "--image-uri", "my/image:1"]
+    )
+    assert sagemaker_deploy.deployment_from_args(args, REGION, "nxdi").image_uri == "my/image:1"
+
+
+def put_archive(s3: Any, config: str | None) -> None:
+    """What sagemaker_upload leaves under the prefix, as far as the deploy reads it."""
+    make_bucket(s3)
+    for rel in ("MAR-INF/MANIFEST.json", "sagemaker.properties"):
+        s3.put_object(Bucket=BUCKET, Key=f"llama-inf2/{rel}", Body=b"x")
+    if config is not None:
+        s3.put_object(Bucket=BUCKET, Key="llama-inf2/model-config.yaml", Body=config.encode())
+
+
+@pytest.mark.parametrize(
+    ("config", "backend"),
+    [
+        (SAGEMAKER_CONFIG.replace("backend: neuronx", "backend: nxdi").replace("neuronx:", "nxdi:"), "nxdi"),
+        (SAGEMAKER_CONFIG, "neuronx"),
+        ("handler:\n  model_checkpoint_dir: model\n", "hf"),
+        (None, None),  # no model-config.yaml
+        ("handler: [unclosed", None),  # not YAML
+        ("- a list", None),
+    ],
+)
+def test_the_backend_is_read_from_the_uploaded_model_config(aws, config, backend):
+    s3 = boto3.client("s3", region_name=REGION)
+    put_archive(s3, config)
+    assert sagemaker_deploy.model_data_backend(s3, f"s3://{BUCKET}/llama-inf2/") == backend
+
+
+@pytest.mark.parametrize(
+    ("backend", "flags", "tag"),
+    [
+        ("nxdi", [], NXDI_TAG),
+        ("neuronx", [], "2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"),
+        ("nxdi", ["--skip-model-data-check"], "2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"),  # nothing read
+        ("nxdi", ["--image-uri", "my/image:1"], None),
+    ],
+)
+def test_the_deploy_command_picks_the_image_of_the_uploaded_configs_backend(aws, capsys, backend, flags, tag):
+    s3 = boto3.client("s3", region_name=REGION)
+    config = SAGEMAKER_CONFIG.replace("backend: neuronx", f"backend: {backend}").replace("neuronx:", f"{backend}:")
+    put_archive(s3, config)
+    sagemaker_deploy.main(
+        ["--model-data", f"s3://{BUCKET}/llama-inf2/", "--role-arn", ROLE, "--endpoint-name", "ep-1"]
+        + ["--region", REGION, *flags]
+    )
+    assert capsys.readouterr().out.strip() == "ep-1"
+    image = boto3.client("sagemaker", region_name=REGION).describe_model(ModelName="ep-1")["PrimaryContainer"]["Image"]
+    expected = f"763104351884.dkr.ecr.{REGION}.amazonaws.com/pytorch-inference-neuronx:{tag}" if tag else flags[-1]
+    assert image == expected
 
 
 class FakeTime:

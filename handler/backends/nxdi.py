@@ -1,0 +1,503 @@
+"""The `nxdi` backend: a Llama-family model compiled for Inferentia2 by NxD Inference
+(`neuronx-distributed-inference`, Neuron SDK 2.26-2.31), driven a step at a time with NxDI's
+continuous batching. Facts and traps: shared/pitfalls.md, "NxD Inference".
+
+Start-up, in order (each step logged):
+1. place this process on its NeuronCores and set the Neuron environment (handler/neuron/),
+   before NxDI is imported;
+2. build NxDI's NeuronConfig from model-config.yaml: `batch_size` = `tkg_batch_size` =
+   `scheduler.n_slots`, `ctx_batch_size` 1 (NxDI's KV manager takes one sequence per context
+   encoding), `is_continuous_batching`, `seq_len` = `n_positions`, the buckets, `torch_dtype`
+   from `amp`, sharded weights saved with the artifacts, no NKI attention kernel, and
+   `OnDeviceSamplingConfig(dynamic=True)` when `handler.nxdi.on_device_sampling`. A keyword the
+   installed NxDI does not know fails the start (NxDI itself only warns);
+3. if our manifest matches (handler/neuron/artifacts.py): `<Model>(dir).load(dir)`, no compile
+   (NxDI's `load()` checks no versions or settings itself); else, under the host-wide compile
+   lock, a child process compiles into a fresh folder with its own BASE_COMPILE_WORK_DIR (NxD
+   wipes that scratch folder at every compile, so two compiles must not share one), the
+   folder is swapped in with the manifest, and this process loads it.
+
+Serving (the step contract of handler/backends/base.py):
+- prefill: one context-encoding call per request: `input_ids [1, T]`, `position_ids`
+  `arange(T)` (NxDI takes a call with T > 1 whose smallest position is 0 for a prefill), `seq_ids
+  [slot]`. It writes only that slot's KV row. The prompt runs in the first context bucket
+  longer than it; the largest bucket is the longest prompt (`max_prompt_tokens`). A 1-token
+  prompt needs a row of its own shape (`_context_row`).
+- decode: one token-generation call over every live slot, rows sorted by slot: with all
+  `n_slots` rows NxDI ignores `seq_ids` (row i is KV row i), and with fewer it runs the missing
+  rows as copies of the first one, overwriting their KV at that row's position. So every live
+  slot is in every decode (`decode()` refuses a call that leaves one out), the rows go in
+  slot order, and the results are put back in the caller's order.
+- tokens: by default the device returns float32 logits `[rows, 1, vocab]` (at SDK 2.28 a
+  vocabulary that tp_degree does not divide keeps its width, with its last columns at
+  finfo.min; wider logits, as with output_logits, are cut to the vocabulary) and the host's
+  `BatchSampler` picks every row's token
+  in one pass (all sampling parameters, seeds and logprobs, as on hf). With on-device sampling
+  the device returns each row's token; the per-row `[top_k, top_p, temperature]` come from this
+  backend's slot map, and a request that asks for what the device cannot do gets a 400
+  (`request_refusal`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig
+
+from handler.backends.base import Backend, SlotRequest, clamp_n_positions
+from handler.backends.neuronx import compiler_version, default_buckets, package_version
+from handler.backends.sampling import BatchSampler
+from handler.backends.tokenizer import eos_token_ids, load_tokenizer
+from handler.config import ServingConfig
+from handler.errors import ConfigError
+from handler.neuron import artifacts
+from handler.neuron.cores import CorePlacement, claim
+from handler.neuron.environment import CacheLocation, child_environment, configure_compiler, pin_cores
+from handler.neuron.load_or_compile import Recipe, load_or_compile
+from handler.neuron.nxdi_config import NXDI_OPTIONS_KEY, NxdiConfig, device_sampling_refusal, device_sampling_row
+from handler.request import SamplingParams, TokenChoice
+
+logger = logging.getLogger(__name__)
+
+SDK = "neuronx_distributed_inference"
+TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+PAD_ID = 0  # what a 1-token prompt's row is padded with (masked out)
+COMPILE_LOG_TAIL = 4000  # characters of a failed compile's output kept in the error
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """Everything that builds the NxDI model, in plain JSON values: the worker and its compile
+    child build the same model from it."""
+
+    checkpoint: str
+    model_class: str  # under neuronx_distributed_inference.models
+    neuron_config: dict[str, Any]  # NeuronConfig keywords; torch_dtype as its name
+    on_device_sampling: dict[str, Any] | None = None  # OnDeviceSamplingConfig keywords
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelRecipe:
+        return cls(**json.loads(text))
+
+
+@dataclass
+class Sdk:
+    """The NxDI classes this backend uses, imported after the environment is set."""
+
+    neuron_config_cls: Any
+    sampling_config_cls: Any
+    model_cls: Any
+    load_pretrained_config: Any = field(repr=False)
+
+    @classmethod
+    def load(cls, model_class: str) -> Sdk:
+        config = importlib.import_module(f"{SDK}.models.config")
+        hf_adapter = importlib.import_module(f"{SDK}.utils.hf_adapter")
+        *module_path, class_name = model_class.split(".")
+        try:
+            model_cls = getattr(importlib.import_module(".".join([SDK, "models", *module_path])), class_name)
+        except (ImportError, AttributeError):
+            raise ConfigError(
+                f"model-config.yaml: handler.nxdi.model_class: {SDK}.models has no {model_class!r}; use e.g. "
+                "'llama.modeling_llama.NeuronLlamaForCausalLM' or 'qwen2.modeling_qwen2.NeuronQwen2ForCausalLM'"
+            ) from None
+        return cls(config.NeuronConfig, config.OnDeviceSamplingConfig, model_cls, hf_adapter.load_pretrained_config)
+
+    def neuron_config(self, recipe: ModelRecipe) -> Any:
+        """NxDI's NeuronConfig for the recipe; a keyword it does not know is refused (it would only warn)."""
+        kwargs = dict(recipe.neuron_config)
+        kwargs["torch_dtype"] = getattr(torch, kwargs["torch_dtype"])
+        if recipe.on_device_sampling is not None:
+            kwargs["on_device_sampling_config"] = self.sampling_config_cls(**recipe.on_device_sampling)
+        neuron_config = self.neuron_config_cls(**kwargs)
+        unknown = sorted(key for key in kwargs if not hasattr(neuron_config, key))
+        if unknown:
+            raise ConfigError(
+                f"model-config.yaml: {NXDI_OPTIONS_KEY}: the installed NxD Inference has no NeuronConfig keyword "
+                f"{', '.join(repr(k) for k in unknown)} (it would only warn and ignore it); check the spelling"
+            )
+        return neuron_config
+
+    def build(self, recipe: ModelRecipe) -> Any:
+        """The model ready to compile, from the Hugging Face checkpoint."""
+        config_cls = self.model_cls.get_config_cls()
+        config = config_cls(self.neuron_config(recipe), load_config=self.load_pretrained_config(recipe.checkpoint))
+        return self.model_cls(recipe.checkpoint, config)
+
+
+def compile_in_child(recipe: ModelRecipe, out_dir: str, timeout_s: float | None = None) -> None:
+    """Compile into `out_dir` in a child process with a scratch folder of its own (NxD's tracer
+    rmtree's BASE_COMPILE_WORK_DIR first, and asks to trace in a separate process)."""
+    with tempfile.TemporaryDirectory(prefix="nxdi-compile-") as scratch:
+        env = child_environment({"BASE_COMPILE_WORK_DIR": scratch + "/"})
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "handler.backends.nxdi_compile", out_dir],
+            input=recipe.to_json(),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        output = (done.stdout + done.stderr)[-COMPILE_LOG_TAIL:]
+        if done.returncode != 0:
+            raise RuntimeError(f"nxdi: the compile process failed (exit status {done.returncode}): {output}")
+        logger.info("nxdi: compiled in a child process in %.1f s", time.perf_counter() - started)
+
+
+@dataclass
+class _Slot:
+    """A live sequence: the token it chose last, that token's position, and its device sampling row."""
+
+    token: int
+    position: int
+    sampling_row: tuple[float, float, float]
+
+
+class NxdiBackend(Backend):
+    name = "nxdi"
+
+    def __init__(
+        self,
+        config: ServingConfig,
+        checkpoint: Path,
+        gpu_id: int | None = None,
+        workers: int = 1,
+        cores: Sequence[int] | None = None,
+    ) -> None:
+        handler = config.handler
+        self.settings: NxdiConfig = handler.nxdi
+        self.checkpoint = checkpoint
+        self.tp_degree = handler.tp_degree
+        self.amp = handler.amp
+        self.n_slots = config.scheduler.n_slots
+        self.model: Any = None
+        self.placement: CorePlacement | None = None
+        self._live: dict[int, _Slot] = {}
+        self.tokenizer = load_tokenizer(checkpoint, handler.trust_remote_code)
+        hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
+        self.eos_token_ids = eos_token_ids(hf_config, self.tokenizer)
+        self.vocab_size = getattr(hf_config, "vocab_size", None)
+        self.n_positions = clamp_n_positions(
+            handler.n_positions, getattr(hf_config, "max_position_embeddings", None), "model"
+        )
+        self.context_buckets = self._buckets(self.settings.context_buckets, "context_buckets")
+        self.token_buckets = self._buckets(self.settings.token_buckets, "token_buckets")
+        self.max_prompt_tokens = self.context_buckets[-1]
+        self.on_device = self.settings.on_device_sampling
+        self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions)
+
+        if cores is not None:
+            self.placement, within = CorePlacement(tuple(cores), "given by this replica's worker"), "the worker's cores"
+        else:
+            self.placement, within = claim(gpu_id, workers, self.tp_degree, self.settings.num_cores)
+        pin_cores(self.placement.visible_cores)
+        logger.info(
+            "nxdi: NeuronCores %s for this process (%s; tp_degree %d within %s)",
+            self.placement.visible_cores,
+            self.placement.how,
+            self.tp_degree,
+            within,
+        )
+        try:
+            self._start(hf_config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _buckets(self, configured: list[int] | None, key: str) -> list[int]:
+        buckets = configured or default_buckets(self.n_positions)
+        if buckets[-1] > self.n_positions:
+            raise ConfigError(
+                f"model-config.yaml: handler.nxdi.{key}: bucket {buckets[-1]} is above n_positions "
+                f"({self.n_positions}); keep every bucket <= n_positions"
+            )
+        return buckets
+
+    def _start(self, hf_config: Any) -> None:
+        self.cache = CacheLocation.resolve(self.settings.cache_dir, self.checkpoint, self.settings.compile_cache)
+        logger.info("nxdi: compile cache: %s", configure_compiler(self.settings.compiler_flags, self.cache))
+        self.sdk = Sdk.load(self.settings.model_class)  # after the environment is set
+        self.recipe = self.model_recipe()
+        self.sdk.neuron_config(self.recipe)  # unknown keywords fail here, before any compile
+        self.expected = self.manifest_inputs()
+        self.model, self.path_taken = load_or_compile(
+            Recipe(
+                backend="nxdi",
+                folder=self.cache.artifacts_dir,
+                expected=self.expected,
+                load=self._load,
+                compile=self._compile,
+                compile_on_start=self.settings.compile_on_start,
+            )
+        )
+
+    # -- configuration ---------------------------------------------------------------
+    def model_recipe(self) -> ModelRecipe:
+        settings = self.settings
+        neuron_config: dict[str, Any] = {
+            **settings.neuron_config,
+            "tp_degree": self.tp_degree,
+            "batch_size": self.n_slots,
+            "tkg_batch_size": self.n_slots,
+            "max_batch_size": self.n_slots,
+            "ctx_batch_size": 1,
+            "is_continuous_batching": True,
+            "seq_len": self.n_positions,
+            "max_context_length": self.max_prompt_tokens,
+            "enable_bucketing": True,
+            "context_encoding_buckets": self.context_buckets,
+            "token_generation_buckets": self.token_buckets,
+            "torch_dtype": TORCH_DTYPES[self.amp],
+            "save_sharded_checkpoint": settings.save_sharded_checkpoint,
+            "attn_kernel_enabled": settings.attn_kernel_enabled,
+        }
+        on_device = None
+        if self.on_device:
+            on_device = {"dynamic": True, "do_sample": True, "global_topk": settings.global_topk}
+        return ModelRecipe(str(self.checkpoint), settings.model_class, neuron_config, on_device)
+
+    def manifest_inputs(self) -> dict[str, Any]:
+        """What the compiled model and its saved sharded weights depend on."""
+        return {
+            "neuronx_distributed_inference": package_version("neuronx-distributed-inference", _module(SDK)),
+            "neuronx_distributed": package_version("neuronx-distributed", _module("neuronx_distributed")),
+            "torch_neuronx": package_version("torch-neuronx", _module("torch_neuronx")),
+            "neuronx_cc": compiler_version(),
+            "model_class": self.settings.model_class,
+            "checkpoint": checkpoint_identity(self.checkpoint),
+            "neuron_config": self.recipe.neuron_config,
+            "on_device_sampling": self.recipe.on_device_sampling,
+            "compiler_flags": os.environ.get("NEURON_CC_FLAGS", ""),
+        }
+
+    # -- load or compile ---------------------------------------------------------------
+    def _load(self) -> tuple[Any | None, str]:
+        started = time.perf_counter()
+        folder = str(self.cache.artifacts_dir)
+        try:
+            model = self.sdk.model_cls(folder)
+            model.load(folder)
+        except (FileNotFoundError, ValueError) as exc:  # what NxDI raises for a folder it cannot load
+            return None, f"{type(exc).__name__}: {exc}"
+        logger.info(
+            "nxdi: path=load: compiled model from %s on the cores in %.1f s", folder, time.perf_counter() - started
+        )
+        return model, ""
+
+    def _compile(self) -> Any:
+        started = time.perf_counter()
+        artifacts.save(self.cache.artifacts_dir, self.expected, lambda out: compile_in_child(self.recipe, out))
+        logger.info(
+            "nxdi: path=compile: compiled (n_slots=%d tp_degree=%d amp=%s n_positions=%d context buckets=%s) and saved "
+            "to %s in %.1f s",
+            self.n_slots,
+            self.tp_degree,
+            self.amp,
+            self.n_positions,
+            self.context_buckets,
+            self.cache.artifacts_dir,
+            time.perf_counter() - started,
+        )
+        model, error = self._load()
+        if model is None:
+            raise RuntimeError(f"nxdi: the model just compiled into {self.cache.artifacts_dir} does not load: {error}")
+        return model
+
+    # -- what requests may ask ---------------------------------------------------------------
+    def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
+        if prompt_logprobs:
+            return "the nxdi backend returns the logits of a prompt's last position only"
+        if logprobs and self.on_device:
+            return "handler.nxdi.on_device_sampling is on: the device returns token ids, not logits"
+        return None
+
+    def request_refusal(self, sampling: SamplingParams) -> tuple[str, str] | None:
+        return device_sampling_refusal(sampling, self.settings.global_topk) if self.on_device else None
+
+    @property
+    def device_sampling_topk(self) -> int | None:
+        """global_topk with on-device sampling (the replicas' worker checks requests with it); None without."""
+        return self.settings.global_topk if self.on_device else None
+
+    def _sampling_row(self, sampling: SamplingParams) -> tuple[float, float, float]:
+        return device_sampling_row(sampling, self.settings.global_topk)
+
+    # -- serving: the step contract ------------------------------------------------------
+    @property
+    def sampling_s(self) -> float:
+        return 0.0 if self.on_device else self.sampler.last_s
+
+    def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
+        self._check_prefill(requests)
+        outputs = []
+        for request in requests:
+            input_ids, position_ids, mask = self._context_row(request.prompt_ids)
+            rows = [self._sampling_row(request.sampling)]
+            outputs.append(self._forward(input_ids, position_ids, [request.slot], rows, mask))
+        if self.on_device:
+            choices = [TokenChoice(int(out.reshape(-1)[0])) for out in outputs]
+        else:
+            for request in requests:
+                self.sampler.add(request)
+            choices = self.sampler.sample(
+                [r.slot for r in requests], torch.cat([self._last_logits(o) for o in outputs])
+            )
+        for request, choice in zip(requests, choices, strict=True):
+            self._live[request.slot] = _Slot(
+                choice.token_id, len(request.prompt_ids), self._sampling_row(request.sampling)
+            )
+        return choices
+
+    def _context_row(self, prompt: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A context-encoding call's `input_ids`, `position_ids` and `attention_mask`. NxDI takes a
+        call for a prefill only when it has more than one column (a 1-token call is a decode, which
+        would run every other slot as a copy of this row); it picks the bucket by the attention
+        mask's width, pads position_ids with 1, and returns the logits at the first largest position
+        id (model_wrapper.py `pad_inputs`, model_base.py). So a 1-token prompt goes as its token and
+        PAD_ID up to the smallest bucket, at position ids all 0, with a `[1, 1]` mask: the bucket is
+        the smallest, nothing is padded with 1, the padding is masked, and the logits are position
+        0's. What it writes beyond position 0 is padding, as after any short prompt."""
+        if len(prompt) > 1:
+            positions = torch.arange(len(prompt), dtype=torch.long)[None, :]
+            return torch.tensor([list(prompt)], dtype=torch.long), positions, None
+        length = self.context_buckets[0]
+        input_ids = torch.full((1, length), PAD_ID, dtype=torch.long)
+        input_ids[0, 0] = prompt[0]
+        return input_ids, torch.zeros((1, length), dtype=torch.long), torch.ones((1, 1), dtype=torch.long)
+
+    def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
+        slots = list(slots)
+        if len(set(slots)) != len(slots) or set(slots) != set(self._live):
+            raise ValueError(
+                f"nxdi decode must name every live slot exactly once: got {slots}, live {sorted(self._live)} (NxDI "
+                "runs a slot left out as a copy of the first row, overwriting its KV)"
+            )
+        if not slots:
+            return []
+        ordered = sorted(slots)  # a full batch ignores seq_ids: row i is KV row i
+        states = [self._live[slot] for slot in ordered]
+        for slot, state in zip(ordered, states, strict=True):
+            if state.position >= self.n_positions:
+                raise ValueError(
+                    f"nxdi slot {slot}: its next token would go to position {state.position}, beyond the "
+                    f"{self.n_positions} compiled positions (n_positions)"
+                )
+        out = self._forward(
+            torch.tensor([[state.token] for state in states], dtype=torch.long),
+            torch.tensor([[state.position] for state in states], dtype=torch.long),
+            ordered,
+            [state.sampling_row for state in states],
+        )
+        if self.on_device:
+            choices = [TokenChoice(int(token)) for token in out.reshape(-1).tolist()]
+        else:
+            choices = self.sampler.sample(ordered, self._last_logits(out))
+        by_slot = dict(zip(ordered, choices, strict=True))
+        for slot, state in zip(ordered, states, strict=True):
+            state.token, state.position = by_slot[slot].token_id, state.position + 1
+        return [by_slot[slot] for slot in slots]
+
+    def release(self, slot: int) -> None:
+        self._live.pop(slot, None)
+        self.sampler.remove(slot)
+
+    def _last_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """[rows, vocab] float32: each row's last position, the vocabulary's padding for tp_degree cut off."""
+        rows = logits[:, -1, :] if logits.dim() == 3 else logits
+        return rows[:, : self.vocab_size].float() if self.vocab_size else rows.float()
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        seq_ids: list[int],
+        rows: list[tuple[float, ...]],
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits `[rows, positions, vocab]`, or with on-device sampling the rows' tokens."""
+        if self.model is None:
+            raise RuntimeError("nxdi backend is closed")
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,  # None: NxDI infers it from position_ids
+                position_ids=position_ids,
+                seq_ids=torch.tensor(seq_ids, dtype=torch.int32),
+                sampling_params=torch.tensor(rows, dtype=torch.float32),
+            )
+        # model_base.py `_construct_output`: with on-device sampling `.logits` is None and `.tokens` holds
+        # each row's token (int32); without it `.logits` holds the logits
+        return out.tokens if self.on_device else out.logits
+
+    def _check_prefill(self, requests: Sequence[SlotRequest]) -> None:
+        slots = [request.slot for request in requests]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"nxdi prefill: a slot appears twice in {slots}")
+        for request in requests:
+            if not 0 <= request.slot < self.n_slots:
+                raise ValueError(f"nxdi prefill: slot {request.slot} is not one of the {self.n_slots} slots")
+            if request.slot in self._live:
+                raise ValueError(f"nxdi prefill: slot {request.slot} is live; release it first")
+            if not 1 <= len(request.prompt_ids) <= self.max_prompt_tokens:
+                raise ValueError(
+                    f"nxdi prefill: a prompt of {len(request.prompt_ids)} tokens; the context buckets "
+                    f"{self.context_buckets} take 1 to {self.max_prompt_tokens}"
+                )
+
+    def warmup(self) -> None:
+        """NxDI's load() runs its own warm-up of every bucket; one short request through the step
+        contract checks this backend's side (a prefill and a decode over every slot)."""
+        if not self.settings.warmup:
+            return
+        started = time.perf_counter()
+        seed_ids = tuple(self.encode("Hello")[:2] or [self.tokenizer.eos_token_id or 1])
+        try:
+            self.prefill([SlotRequest(slot, seed_ids) for slot in range(self.n_slots)])
+            self.decode(list(range(self.n_slots)))
+        except Exception as exc:
+            raise RuntimeError(f"nxdi warm-up failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            for slot in range(self.n_slots):
+                self.release(slot)
+        logger.info("nxdi: warm-up step over %d slot(s) in %.1f s", self.n_slots, time.perf_counter() - started)
+
+    def close(self) -> None:
+        for slot in list(self._live):
+            self.release(slot)
+        self.model = None
+        if self.placement is not None:
+            self.placement.release()
+            self.placement = None
+
+
+def _module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def checkpoint_identity(checkpoint: Path) -> dict[str, Any]:
+    """The checkpoint as the saved sharded weights depend on it: its config and its weight files."""
+    weights = sorted(p for p in checkpoint.iterdir() if p.suffix == ".safetensors" and p.is_file())
+    return {
+        "config_sha256": hashlib.sha256((checkpoint / "config.json").read_bytes()).hexdigest()[:16],
+        "weights": {p.name: p.stat().st_size for p in weights},
+    }

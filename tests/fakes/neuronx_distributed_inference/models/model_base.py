@@ -1,0 +1,363 @@
+"""Mirrors NeuronBaseForCausalLM of src/neuronx_distributed_inference/models/model_base.py
+(NxDI 0.8.16251, SDK 2.28 commit cd3abf3), for continuous batching with right padding.
+
+Construction builds two sub-models (ModelWrapper): context encoding (batch
+`ctx_batch_size`, buckets from autobucketing.generate_buckets_for_cte) and token generation
+(batch `tkg_batch_size`, generate_buckets_for_tkg). Under continuous batching the KV cache
+manager asserts, **while compile() traces the context-encoding model**, that it gets a
+single seq_id: ctx_batch_size must be 1 (it defaults to batch_size), else compile() raises
+AssertionError("only supports single seq_id").
+
+`forward(input_ids=None, seq_ids=None, attention_mask=None, position_ids=None,
+past_key_values=None, inputs_embeds=None, sampling_params=None, prev_hidden=None, ...)` -
+note that seq_ids is the second positional parameter: pass everything by keyword.
+- attention_mask None: inferred from position_ids (`_infer_attention_mask`): for a (n, T>1)
+  call `position_ids >= arange(T)`; for a (n, 1) call a (n, max(position_ids)) mask of the
+  positions before each row's. seq_ids None: arange(n). sampling_params None: the default
+  (batch_size, 3) rows of [1, 1.0, 1.0] (whose shape only fits a full batch).
+- With on-device sampling, sampling_params are validated (ValueError) first; every call
+  then runs infer_sampling_params, which rewrites rows with temperature 0 in place.
+- **prefill iff position_ids.min() == 0** (`_is_prefill`), whatever the shape; otherwise
+  token generation. There is no mixed call: a decode row at position 0, or a prefill row
+  whose positions do not start at 0, goes to the other program.
+- Returns CausalLMOutputWithPast. Without on-device sampling: `.logits` float32
+  (rows, 1, vocab_size) (see models/_device.py for the last pad_size columns, which are
+  finfo(float32).min when tp_degree does not divide vocab_size), `.hidden_states` and
+  `.tokens` are the same tensor. With on-device sampling: `.logits` is **None**, `.tokens`
+  (and `.hidden_states`) are the int32 tokens, shape (rows,); with output_logits too,
+  `.tokens` and `.logits` (rows, 1, vocab padded to tp_degree), `.hidden_states` [].
+
+Fake limitations (NotImplementedError at construction): anything but continuous batching
+with right padding, ctx/tkg/max/kv-cache batch sizes other than batch_size (ctx_batch_size
+apart), async mode, speculation, Medusa, prefix caching / block KV, chunked prefill, LoRA,
+attention DP / CP, flash decoding, windowed context encoding, batch bucketing, tensor
+capture/replacement, output_logits without on-device sampling; a call with more decode rows
+than tkg_batch_size.
+
+The fake logs each call as `forward` with kind (context / decode), rows, length, seq_ids
+(as the caller gave them, None when omitted), positions ([min, max] per row),
+sampling_params (after the defaults and the temperature-0 rewrite), vocab_padded
+(vocab_size rounded up to a multiple of tp_degree), and `programs`: each program run
+(tag, bucket, batch, the seq_ids it got, the KV writes [line, first position, count]).
+A decode also logs `filled_seq_ids` (the slots NxDI added to a partial batch),
+`seq_ids_ignored` (a full batch whose seq_ids are not 0..batch-1) and `overwritten`
+([line, position] a partial batch's filler rows wrote over: a line outside the call, at a
+position below data that line already held).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, ClassVar
+
+import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from neuronx_distributed_inference import _calllog, _hold
+from neuronx_distributed_inference.models.application_base import NeuronApplicationBase
+from neuronx_distributed_inference.models.model_wrapper import (
+    CONTEXT_ENCODING_MODEL_TAG,
+    TOKEN_GENERATION_MODEL_TAG,
+    ModelWrapper,
+)
+from neuronx_distributed_inference.modules import autobucketing
+from neuronx_distributed_inference.modules.generation.sampling import (
+    infer_sampling_params,
+    prepare_sampling_params,
+    validate_sampling_params,
+)
+
+
+class NeuronBaseModel(torch.nn.Module):
+    """The traced model class (attention, KV cache, LM head, sampler). The fake's device
+    (models/_device.py) plays its part; the class exists for `_model_cls` references."""
+
+    def __init__(self, config: Any, optimize_inference: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.neuron_config = config.neuron_config
+
+
+class NeuronBaseForCausalLM(NeuronApplicationBase):
+    _model_cls: Any = None
+    # the fake's model-family check: the HF model_types a class can serve (None: any)
+    _fake_model_types: ClassVar[tuple[str, ...] | None] = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.text_config = self.config.get_text_config()
+        self.vocab_size = self.text_config.vocab_size
+        self.padding_side = self.neuron_config.padding_side
+        self.kv_cache_populated = False
+        self.async_mode = self.neuron_config.async_mode
+        self.sampler = None
+        self.default_sampling_params = prepare_sampling_params(
+            batch_size=self.neuron_config.batch_size, top_k=[1], top_p=[1.0], temperature=[1.0]
+        )
+        self.model_wrapper = self.get_model_wrapper_cls()
+        if self.neuron_config.is_chunked_prefill:
+            raise NotImplementedError("Chunked Prefill is not available in NxDI for now")
+        self._fake_check_supported()
+        self.enable_context_encoding()
+        self.enable_token_generation()
+        self._fake_decode_steps: dict[int, int] = {}
+
+    def _fake_check_supported(self) -> None:
+        model_type = getattr(self.config, "model_type", None)
+        if self._fake_model_types is not None and model_type not in self._fake_model_types:
+            raise ValueError(
+                f"fake NxD Inference: {type(self).__name__} cannot serve a {model_type!r} checkpoint (it serves "
+                f"{list(self._fake_model_types)}); the real class would trace without complaint and then fail to "
+                "load the weights or serve garbage"
+            )
+        nc = self.neuron_config
+        unsupported = {
+            "is_continuous_batching=False": not nc.is_continuous_batching,
+            f"padding_side={nc.padding_side!r}": nc.padding_side != "right",
+            "tkg_batch_size != batch_size": nc.tkg_batch_size != nc.batch_size,
+            "max_batch_size != batch_size": nc.max_batch_size != nc.batch_size,
+            "kv_cache_batch_size != batch_size": nc.kv_cache_batch_size != nc.batch_size,
+            "async_mode": nc.async_mode,
+            "speculation": nc.speculation_length > 0 or nc.enable_fused_speculation or nc.medusa_speculation_length > 0,
+            "is_medusa": nc.is_medusa,
+            "prefix caching / block KV": nc.is_prefix_caching or nc.is_block_kv_layout,
+            "lora_config": nc.lora_config is not None,
+            "attention_dp_degree / cp_degree > 1": nc.attention_dp_degree > 1 or nc.cp_degree > 1,
+            "flash_decoding_enabled": nc.flash_decoding_enabled,
+            "windowed_context_encoding_size": nc.windowed_context_encoding_size is not None,
+            "token_generation_batches": nc.token_generation_batches is not None,
+            "tensor capture / replacement": bool(nc.tensor_capture_config or nc.tensor_replacement_config),
+            "output_logits without on_device_sampling_config": nc.output_logits and not nc.on_device_sampling_config,
+            "pp_degree / ep_degree > 1": nc.pp_degree > 1 or nc.ep_degree > 1,
+        }
+        wanted = [name for name, on in unsupported.items() if on]
+        if wanted:
+            raise NotImplementedError(
+                f"fake NxD Inference models continuous batching with right padding only; not modelled: {wanted}"
+            )
+
+    def get_model_wrapper_cls(self) -> type[ModelWrapper]:
+        return ModelWrapper
+
+    def enable_context_encoding(self, **model_init_kwargs: Any) -> None:
+        new_config = copy.deepcopy(self.config)
+        new_config.neuron_config.batch_size = self.neuron_config.ctx_batch_size
+        new_config.neuron_config.n_active_tokens = self.neuron_config.max_context_length
+        new_config.neuron_config.bucket_n_active_tokens = True
+        new_config.neuron_config.is_prefill_stage = True
+        new_config.neuron_config.buckets = autobucketing.generate_buckets_for_cte(new_config)
+        self.context_encoding_model = self.model_wrapper(
+            config=new_config,
+            model_cls=self._model_cls,
+            tag=CONTEXT_ENCODING_MODEL_TAG,
+            compiler_args=self.get_compiler_args(),
+            model_init_kwargs=model_init_kwargs,
+        )
+        self.models.append(self.context_encoding_model)
+
+    def enable_token_generation(self, enable_wlt_optimization: bool = True, **model_init_kwargs: Any) -> None:
+        new_config = copy.deepcopy(self.config)
+        new_config.neuron_config.batch_size = self.neuron_config.tkg_batch_size
+        new_config.neuron_config.n_active_tokens = 1
+        new_config.neuron_config.bucket_n_active_tokens = False
+        new_config.neuron_config.sequence_parallel_enabled = False
+        new_config.neuron_config.is_prefill_stage = False
+        new_config.neuron_config.buckets = autobucketing.generate_buckets_for_tkg(new_config)
+        self.token_generation_model = self.model_wrapper(
+            config=new_config,
+            model_cls=self._model_cls,
+            tag=TOKEN_GENERATION_MODEL_TAG,
+            compiler_args=self.get_compiler_args(),
+            priority_model_idx=0 if enable_wlt_optimization else None,
+            model_init_kwargs=model_init_kwargs,
+        )
+        self.models.append(self.token_generation_model)
+
+    def get_generation_model(self) -> ModelWrapper:
+        return self.token_generation_model
+
+    # -- forward ------------------------------------------------------------------------
+    def preprocess_inputs(
+        self,
+        input_ids: torch.Tensor | None = None,
+        seq_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        sampling_params: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, ...]:
+        if attention_mask is None:
+            attention_mask = self._infer_attention_mask(position_ids)
+        if seq_ids is None:
+            seq_ids = torch.arange(input_ids.shape[0])
+        sampling_params = self.default_sampling_params if sampling_params is None else sampling_params
+        self.validate_sampling_params(sampling_params)
+        sampling_params = infer_sampling_params(sampling_params)
+        self.sampling_params = sampling_params
+        return input_ids, attention_mask, position_ids, seq_ids, sampling_params
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        seq_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        sampling_params: torch.Tensor | None = None,
+        prev_hidden: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        adapter_ids: torch.Tensor | None = None,
+        medusa_args: Any = None,
+        return_dict: bool | None = None,
+        llava_args: list[Any] = [],  # noqa: B006 - the real signature's default
+        input_capture_hook: Any = None,
+        slot_mapping: torch.Tensor | None = None,
+        block_table: torch.Tensor | None = None,
+        full_context_lens: torch.Tensor | None = None,
+        computed_context_lens: torch.Tensor | None = None,
+        tf_args: list[torch.Tensor] | None = None,
+    ) -> CausalLMOutputWithPast:
+        if inputs_embeds is not None or llava_args or medusa_args is not None or slot_mapping is not None:
+            raise NotImplementedError("fake NxD Inference: inputs_embeds / llava / medusa / block KV inputs")
+        caller_seq_ids = None if seq_ids is None else seq_ids.reshape(-1).tolist()
+        input_ids, attention_mask, position_ids, seq_ids, sampling_params = self.preprocess_inputs(
+            input_ids=input_ids,
+            seq_ids=seq_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            sampling_params=sampling_params,
+        )
+        prefill = self._is_prefill(position_ids)
+        traced = self.traced_model
+        if traced is not None:
+            traced.trace_log.clear()
+        outputs, _ = self._get_model_outputs(
+            input_ids, attention_mask, position_ids, seq_ids, sampling_params, prev_hidden, adapter_ids
+        )
+        self._fake_log_forward(prefill, input_ids, position_ids, seq_ids, caller_seq_ids, sampling_params)
+        if self.on_device_sampling and self.neuron_config.output_logits:
+            return self._construct_output_with_tokens_and_logits(next_tokens=outputs[0], logits=outputs[1])
+        return self._construct_output(outputs)
+
+    def validate_sampling_params(self, params: torch.Tensor) -> None:
+        if self.on_device_sampling:
+            validate_sampling_params(params, self.neuron_config.on_device_sampling_config)
+
+    def _infer_attention_mask(self, position_ids: torch.Tensor | None, *args: Any) -> torch.Tensor:
+        assert position_ids is not None, "need to call forward with position_ids if attention_mask is not provided"
+        batch_size, seq_len = position_ids.shape
+        if position_ids.shape[-1] != 1:
+            seq_len = position_ids.shape[-1]
+            to_compare = position_ids
+        else:
+            seq_len = int(torch.max(position_ids))
+            to_compare = position_ids.expand(batch_size, seq_len) - 1
+        mask = torch.arange(seq_len).view(1, -1).expand(batch_size, seq_len)
+        return (to_compare >= mask).to(dtype=position_ids.dtype)
+
+    def _is_prefill(self, position_ids: torch.Tensor) -> bool:
+        return position_ids.min().item() == 0
+
+    def _get_model_outputs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        seq_ids: torch.Tensor,
+        sampling_params: torch.Tensor,
+        prev_hidden: torch.Tensor | None,
+        adapter_ids: torch.Tensor | None,
+        *rest: Any,
+    ) -> tuple[Any, bool]:
+        if self._is_prefill(position_ids):
+            outputs = self.context_encoding_model(
+                input_ids, attention_mask, position_ids, seq_ids, sampling_params, prev_hidden, adapter_ids
+            )
+            self.kv_cache_populated = True
+            return outputs, self.context_encoding_model.is_neuron()
+        if input_ids.shape[0] > self.neuron_config.tkg_batch_size:
+            raise NotImplementedError(
+                f"fake NxD Inference: a decode of {input_ids.shape[0]} rows, more than tkg_batch_size "
+                f"{self.neuron_config.tkg_batch_size} (the real one runs it in slices, the first ignoring seq_ids)"
+            )
+        outputs = self.token_generation_model(
+            input_ids, attention_mask, position_ids, seq_ids, sampling_params, prev_hidden, adapter_ids
+        )
+        return outputs, self.token_generation_model.is_neuron()
+
+    def _construct_output_with_tokens_and_logits(
+        self, next_tokens: torch.Tensor, logits: torch.Tensor, hidden_states: Any = None
+    ) -> CausalLMOutputWithPast:
+        output = CausalLMOutputWithPast(logits=logits, hidden_states=hidden_states or [], attentions=None)
+        output.tokens = next_tokens
+        return output
+
+    def _construct_output(self, logits_or_next_tokens: torch.Tensor) -> CausalLMOutputWithPast:
+        output = CausalLMOutputWithPast(
+            logits=None if self.on_device_sampling else logits_or_next_tokens,
+            hidden_states=logits_or_next_tokens,
+            attentions=None,
+        )
+        output.tokens = logits_or_next_tokens
+        return output
+
+    def reset(self) -> None:
+        self.kv_cache_populated = False
+
+    def get_required_kwargs(self) -> list[str]:
+        return []
+
+    # -- the fake's bookkeeping (call log, hold hook) ---------------------------------------
+    def _fake_log_forward(
+        self,
+        prefill: bool,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        seq_ids: torch.Tensor,
+        caller_seq_ids: list[int] | None,
+        sampling_params: torch.Tensor,
+    ) -> None:
+        traced = self.traced_model
+        programs = list(traced.trace_log) if traced is not None else []
+        given = [int(x) for x in seq_ids.reshape(-1).tolist()]
+        fields: dict[str, Any] = {
+            "kind": "context" if prefill else "decode",
+            "rows": int(input_ids.shape[0]),
+            "length": int(input_ids.shape[-1]),
+            "seq_ids": caller_seq_ids,
+            "positions": [[int(p.min()), int(p.max())] for p in position_ids],
+            "sampling_params": sampling_params.tolist(),
+            "vocab_padded": self.vocab_size + (-self.vocab_size) % self.neuron_config.tp_degree,
+            "programs": programs,
+        }
+        if prefill:
+            for slot in given:
+                self._fake_decode_steps[slot] = 0
+        else:
+            batch = self.neuron_config.tkg_batch_size
+            fields["filled_seq_ids"] = [x for x in range(batch) if x not in given] if len(given) < batch else []
+            fields["seq_ids_ignored"] = len(given) == batch and given != list(range(batch))
+            overwritten = []
+            if len(given) < batch and programs:
+                for line, position, _ in programs[-1]["writes"]:
+                    if line not in given and position < self._fake_written_before(line, position):
+                        overwritten.append([line, position])
+            fields["overwritten"] = overwritten
+            for slot in set(given):
+                self._fake_decode_steps[slot] = self._fake_decode_steps.get(slot, 0) + 1
+        _calllog.record("forward", **fields)
+        if not prefill:
+            _hold.maybe_hold(self._fake_decode_steps.get(slot, 0) for slot in set(given))
+
+    def _fake_written_before(self, line: int, position: int) -> int:
+        """1 + the highest position of `line` holding data other than the filler's own write (0: none)."""
+        traced = self.traced_model
+        if traced is None or traced.kv_tokens is None:
+            return 0
+        written = (traced.kv_tokens[line] >= 0).nonzero().flatten().tolist()
+        others = [p for p in written if p != position]
+        return max(others) + 1 if others else 0

@@ -1,0 +1,290 @@
+"""The nxdi backend (NxD Inference) on the fake NxDI (tests/fakes/neuronx_distributed_inference):
+the invariants the neuronx backend proves, for the SDK 2.26-2.31 stack.
+
+The fake models NxDI's traps (shared/pitfalls.md): a decode that leaves out a live slot runs
+it as a copy of the first row and overwrites its KV; a full batch ignores seq_ids; a
+context-encoding call takes one prompt; logits come with the vocabulary padded for tp_degree;
+on-device sampling honours per-row values only with dynamic=True. So a greedy request's tokens
+here must equal the Hugging Face model's, whoever its batch-mates are and whenever it came."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from handler.backends.base import SlotRequest
+from handler.config import ServingConfig
+from handler.engine.sequence import Sequence
+from handler.engine.step_engine import StepEngine
+from handler.errors import ConfigError
+from handler.replicas.model import start_replicas
+from handler.request import GenerationRequest, SamplingParams
+from tests.neuron.conftest import Driver, calls, greedy, hf_greedy, nxdi_yaml, run_alone
+
+
+def test_a_one_token_prompt_runs_in_the_smallest_bucket_and_is_the_models_own(backend, checkpoint, fake_neuronx):
+    one = backend.encode("Today")[:1]
+    alone_other = run_alone(backend, backend.encode(PROMPTS[0]), 7, slot=2)
+    others = Driver(backend)
+    others.join(greedy(0, backend.encode(PROMPTS[0])))
+    others.step()
+    others.join(greedy(1, one))
+    for _ in range(5):
+        others.step()
+    assert others.leave(1)[:6] == hf_greedy(checkpoint, one, 6)
+    assert others.leave(0)[:7] == alone_other
+    [context] = [f for f in forwards(fake_neuronx) if f["kind"] == "context" and f["positions"] == [[0, 0]]]
+    assert context["programs"][0]["bucket"] == 16
+
+
+pytestmark = pytest.mark.usefixtures("fake_neuronx", "one_torch_thread")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """The fake's tiny forwards on a busy 2-core host run faster on one thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+PROMPTS = ["Today the weather is", "Once upon a time there was", "The capital of France"]
+
+
+@pytest.fixture
+def backend(checkpoint, start_backend):
+    return start_backend(nxdi_yaml(checkpoint, n_slots=3, nxdi={"context_buckets": [16, 256]}))
+
+
+def artifacts_of(checkpoint: Path) -> Path:
+    return checkpoint / "neuron_cache" / "artifacts"
+
+
+def forwards(call_log: Path) -> list[dict[str, Any]]:
+    return calls(call_log, "forward")
+
+
+def test_compiles_once_in_a_child_then_loads(fake_neuronx, checkpoint, start_backend, caplog):
+    caplog.set_level(logging.INFO)
+    model_yaml = nxdi_yaml(checkpoint, n_slots=2)
+    backend = start_backend(model_yaml)
+    [compiled] = calls(fake_neuronx, "compile")
+    assert compiled["pid"] != calls(fake_neuronx, "load")[0]["pid"], "the compile ran in the worker's process"
+    assert compiled["workdir"].startswith("/tmp/nxdi-compile-"), "the compile shared NxD's default scratch folder"
+    assert compiled["batch_sizes"] == {"context_encoding_model": 1, "token_generation_model": 2}
+    assert compiled["sharded"] is True
+    manifest = json.loads((artifacts_of(checkpoint) / "manifest.json").read_text())
+    depends = manifest["depends_on"]
+    assert (
+        depends["neuron_config"]["is_continuous_batching"] is True and depends["neuron_config"]["ctx_batch_size"] == 1
+    )
+    assert depends["neuronx_distributed_inference"].startswith("0.8")
+    assert depends["checkpoint"]["weights"] == {"model.safetensors": (checkpoint / "model.safetensors").stat().st_size}
+    assert any(f.startswith("weights/") for f in manifest["files"]) and "model.pt" in manifest["files"]
+    assert backend.path_taken == "compile" and "path=compile" in caplog.text
+    backend.close()
+
+    again = start_backend(model_yaml)
+    assert again.path_taken == "load" and len(calls(fake_neuronx, "compile")) == 1
+    assert calls(fake_neuronx, "load")[-1]["weights"] == "presharded"
+
+
+def test_a_stale_manifest_recompiles_with_the_reason(fake_neuronx, checkpoint, start_backend, caplog):
+    start_backend(nxdi_yaml(checkpoint, n_slots=2)).close()
+    caplog.set_level(logging.INFO)
+    changed = start_backend(nxdi_yaml(checkpoint, n_slots=2, nxdi={"token_buckets": [64, 256]}))
+    assert changed.path_taken == "compile" and len(calls(fake_neuronx, "compile")) == 2
+    assert "manifest mismatch (neuron_config:" in caplog.text and "token_generation_buckets" in caplog.text
+
+
+def test_compile_on_start_false_refuses_without_artifacts(checkpoint, start_backend):
+    with pytest.raises(ConfigError, match=r"backend nxdi: cannot use the compiled artifacts .* compile_on_start"):
+        start_backend(nxdi_yaml(checkpoint, nxdi={"compile_on_start": False}))
+
+
+def test_greedy_tokens_are_the_models_own(backend, checkpoint):
+    for text in [*PROMPTS, "Hi"]:
+        prompt = backend.encode(text)
+        assert run_alone(backend, prompt, 8) == hf_greedy(checkpoint, prompt, 8)
+    one = backend.encode("Today")[:1]
+    assert run_alone(backend, one, 6) == hf_greedy(checkpoint, one, 6)
+
+
+def test_a_request_that_joins_mid_decode_yields_its_tokens_alone(backend, fake_neuronx):
+    a, b, c = (backend.encode(text) for text in PROMPTS)
+    alone = {name: run_alone(backend, prompt, 12) for name, prompt in {"a": a, "b": b, "c": c}.items()}
+    driver = Driver(backend)
+    driver.join(greedy(2, a))  # slot 2 first: a partial batch whose rows are not slots 0..n-1
+    for _ in range(3):
+        driver.step()
+    driver.join(greedy(0, b))
+    for _ in range(2):
+        driver.step()
+    driver.join(greedy(1, c))  # now a full batch: NxDI ignores seq_ids, so row order must be slot order
+    for _ in range(11):
+        driver.step()
+    assert driver.leave(2)[:12] == alone["a"]
+    assert driver.leave(0)[:12] == alone["b"]
+    assert driver.leave(1)[:12] == alone["c"]
+    decodes = [f for f in forwards(fake_neuronx) if f["kind"] != "context"]
+    assert decodes and all(f["seq_ids"] == sorted(f["seq_ids"]) for f in decodes)
+
+
+def test_decode_refuses_a_call_that_is_not_every_live_slot(backend):
+    driver = Driver(backend)
+    driver.join(greedy(0, backend.encode("Hi")), greedy(1, backend.encode("Hello")))
+    with pytest.raises(ValueError, match="every live slot"):
+        backend.decode([0])
+
+
+def test_decode_returns_tokens_in_the_order_asked(backend):
+    driver = Driver(backend)
+    driver.join(greedy(0, backend.encode(PROMPTS[0])), greedy(2, backend.encode(PROMPTS[1])))
+    forward, backward = backend.decode([0, 2]), None
+    driver2 = Driver(backend)
+    for slot in (0, 2):
+        backend.release(slot)
+    driver2.join(greedy(0, backend.encode(PROMPTS[0])), greedy(2, backend.encode(PROMPTS[1])))
+    backward = backend.decode([2, 0])
+    assert [c.token_id for c in forward] == [c.token_id for c in reversed(backward)]
+
+
+def test_a_slot_reused_after_release_starts_clean(backend):
+    prompt = backend.encode(PROMPTS[0])
+    expected = run_alone(backend, prompt, 6, slot=1)
+    driver = Driver(backend)
+    driver.join(greedy(1, backend.encode("Hi")), greedy(0, backend.encode(PROMPTS[1])))
+    for _ in range(20):
+        driver.step()
+    driver.leave(1)
+    driver.join(greedy(1, prompt))
+    for _ in range(5):
+        driver.step()
+    assert driver.leave(1) == expected
+
+
+def test_the_longest_prompt_is_the_largest_context_bucket(backend):
+    assert backend.max_prompt_tokens == 256
+    with pytest.raises(ValueError, match="take 1 to 256"):
+        backend.prefill([SlotRequest(0, tuple([5] * 257))])
+    assert len(run_alone(backend, tuple([5] * 256)[:200], 3)) == 3
+
+
+def test_sampled_tokens_stay_in_the_vocabulary(backend, fake_neuronx):
+    """Even at a high temperature: the sampler sees the model's vocabulary only (wider logits are cut,
+    and columns NxDI sets to finfo.min never win)."""
+    driver = Driver(backend)
+    driver.join(SlotRequest(0, tuple(backend.encode("Hi")), SamplingParams(do_sample=True, temperature=5.0, seed=1)))
+    for _ in range(30):
+        driver.step()
+    assert all(0 <= token < backend.vocab_size for token in driver.tokens[0])
+
+
+def engine_run(backend: Any, requests: list[GenerationRequest]) -> list[list[int]]:
+    """Every request through a StepEngine (more requests than slots wait for one); their tokens."""
+    engine = StepEngine(backend, prefill_token_budget=4096)
+    sequences = [
+        Sequence(r, backend.encode(r.prompt), backend.tokenizer, backend.eos_token_ids, f"r{i}")
+        for i, r in enumerate(requests)
+    ]
+    for sequence in sequences:
+        engine.submit(sequence)
+    for _ in range(500):
+        if all(s.finished for s in sequences):
+            break
+        engine.step()
+    assert all(s.finished and s.error is None for s in sequences)
+    return [s.token_ids for s in sequences]
+
+
+def test_more_requests_than_slots_and_seeded_sampling_whatever_the_batch(backend):
+    seeded = [
+        GenerationRequest(
+            p, 10, SamplingParams(do_sample=True, temperature=0.9, top_p=0.9, seed=7 + i), ignore_eos=True
+        )
+        for i, p in enumerate(PROMPTS * 2)
+    ]
+    together = engine_run(backend, seeded)  # 6 requests, 3 slots
+    alone = [engine_run(backend, [request])[0] for request in seeded[:3]]
+    assert together[:3] == alone
+    greedy_requests = [GenerationRequest(p, 8, ignore_eos=True) for p in PROMPTS]
+    assert engine_run(backend, greedy_requests) == [engine_run(backend, [r])[0] for r in greedy_requests]
+
+
+def test_unknown_and_refused_neuron_config_keys(checkpoint, start_backend):
+    with pytest.raises(ConfigError, match=r"handler.nxdi.neuron_config: .*no NeuronConfig keyword 'fused_qvk'"):
+        start_backend(nxdi_yaml(checkpoint, nxdi={"neuron_config": {"fused_qvk": True}}))
+    with pytest.raises(ConfigError, match=r"handler.nxdi.neuron_config.ctx_batch_size: refused"):
+        ServingConfig.from_model_yaml(nxdi_yaml(checkpoint, nxdi={"neuron_config": {"ctx_batch_size": 2}}))
+
+
+@pytest.mark.parametrize(
+    "model_class",
+    ["qwen2.modeling_qwen2.NeuronQwen2ForCausalLM", "qwen3.modeling_qwen3.NeuronQwen3ForCausalLM"],
+)
+def test_other_families_resolve_and_a_missing_class_is_named(checkpoint, model_class):
+    from handler.backends.nxdi import Sdk
+
+    assert Sdk.load(model_class).model_cls.__name__ == model_class.rsplit(".", 1)[1]
+    with pytest.raises(ConfigError, match=r"handler.nxdi.model_class: .*has no 'llama.modeling_llama.NoSuch'"):
+        Sdk.load("llama.modeling_llama.NoSuch")
+
+
+# -- on-device sampling ----------------------------------------------------------------------------------
+@pytest.fixture
+def on_device(checkpoint, start_backend):
+    return start_backend(nxdi_yaml(checkpoint, n_slots=2, nxdi={"on_device_sampling": True, "global_topk": 64}))
+
+
+def test_on_device_greedy_is_the_models_own_and_rows_carry_their_own_params(on_device, checkpoint, fake_neuronx):
+    prompt = on_device.encode(PROMPTS[0])
+    assert run_alone(on_device, prompt, 6) == hf_greedy(checkpoint, prompt, 6)
+    driver = Driver(on_device)
+    driver.join(
+        SlotRequest(1, tuple(prompt), SamplingParams(do_sample=True, top_k=40, top_p=0.8, temperature=0.7)),
+        greedy(0, prompt),
+    )
+    driver.step()
+    decode = [f for f in forwards(fake_neuronx) if f["kind"] != "context"][-1]
+    assert decode["sampling_params"] == [[1.0, 1.0, 1.0], [40.0, pytest.approx(0.8), pytest.approx(0.7)]]
+
+
+@pytest.mark.parametrize(
+    ("sampling", "field"),
+    [
+        (SamplingParams(do_sample=True, seed=3), "seed"),
+        (SamplingParams(repetition_penalty=1.2), "repetition_penalty"),
+        (SamplingParams(do_sample=True, top_k=100), "top_k"),
+    ],
+)
+def test_on_device_refuses_what_the_device_cannot_do(on_device, sampling, field):
+    refusal = on_device.request_refusal(sampling)
+    assert refusal is not None and refusal[0] == field
+    assert on_device.logprobs_refusal(True, False) is not None
+    assert on_device.request_refusal(SamplingParams(do_sample=True, seed=3, seed_from_client=False)) is None
+
+
+def test_host_sampling_refuses_nothing_but_prompt_logprobs(backend):
+    assert backend.request_refusal(SamplingParams(do_sample=True, seed=3, repetition_penalty=1.3, top_k=1000)) is None
+    assert backend.logprobs_refusal(True, False) is None
+    assert "last position" in backend.logprobs_refusal(False, True)
+
+
+# -- replicas ----------------------------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_two_replicas_on_disjoint_cores_compile_once(fake_neuronx, checkpoint):
+    yaml = nxdi_yaml(checkpoint, n_slots=2, tp_degree=2, nxdi={"num_cores": 4})
+    yaml["scheduler"]["replicas"] = 2
+    yaml["batchSize"] = 8
+    model = start_replicas(ServingConfig.from_model_yaml(yaml), str(checkpoint))
+    model.close()
+    loads = calls(fake_neuronx, "load")
+    assert len(calls(fake_neuronx, "compile")) == 1
+    assert sorted(c["visible_cores"] for c in loads) == ["0-1", "2-3"] and len({c["pid"] for c in loads}) == 2
