@@ -1,9 +1,11 @@
 # make bench                 sim backend, Llama-2-7B inf2.48xlarge profile: torchserve in each scheduler
 #                            mode (continuous, then static), the same loads and a Poisson sweep from 10 % to
-#                            95 % of capacity; tables with the discrete-event limit, P1-P4 (about 8 min)
+#                            95 % of capacity; tables with the discrete-event limit, P1-P4, P8; then the
+#                            replicas stage (1 vs 3 replicas of Llama-3.1-8B TP8, the seed workload): P7 (about 12 min)
 # make bench BACKEND=hf      small random Llama on CPU, continuous mode, served vs in-process: P5
 # make bench BENCH_LONG=1    a longer sweep: 11 loads, 4x the requests (about 40 min)
-# make bench BENCH_ARGS="--modes continuous --sweep none"   only the ratios' loads, one mode (P1-P3)
+# make bench BENCH_ARGS="--modes continuous --sweep none --no-replicas"   only the ratios' loads, one mode (P1-P3)
+# make bench BENCH_ARGS="--modes none"                      only P8 and the replicas stage (P7, the seed table)
 # make bench BENCH_ARGS="--time-scale 0.5"                   every simulated time halved (ratios unchanged)
 # The bench starts its own torchserve per mode (own ports, config.properties and TMPDIR under
 # build/bench/<backend>/<mode>/) and stops it; results go to bench_results/bench-<backend>.{json,png}.

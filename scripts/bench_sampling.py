@@ -12,7 +12,8 @@ Each case fills `rows` slots with the same sampling parameters and times one sam
        temperature 0.8 (goal <= 0.10; greedy goal <= 0.02), for
        (a) 8 rows x 32,000 (Llama-2-7B, profiles/llama-2-7b-inf2-48xl-tp24.yaml: step(8))
        (b) 32 rows x 128,256 (Llama-3.1-8B TP8 batch 32: ITL ~55 ms published, TGI neuron,
-           guidellm throughput mode, shared/inf2-benchmarks.md; no profile of it yet)
+           guidellm throughput mode, shared/inf2-benchmarks.md): the step neuronx and nxdi
+           (with host sampling) both sample on the host
 
 Usage: python scripts/bench_sampling.py [--repeats 5] [--json out.json]
 """

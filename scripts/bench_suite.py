@@ -18,8 +18,13 @@ Ratios (continuous mode unless said):
   P2s = P2 with every request sampled (top-p 0.9, temperature 0.8)               (goal >= 0.95)
         beside it, the same load on a server whose sim runs the old per-slot sampler
   P8  = host sampling time per step / the profile's decode step (scripts/bench_sampling.py):
-        (a) 8 x 32,000, (b) 32 x 128,256, every row top-p 0.9 T 0.8 (goal <= 0.10; greedy
+        (a) 8 x 32,000, (b) 32 x 128,256 (a neuronx or nxdi step), every row top-p 0.9 T 0.8 (goal <= 0.10; greedy
         <= 0.02), with the per-slot sampler's figure beside it
+  P7  = served output tok/s with R = 3 replicas at 3 x B streams / (3 x served tok/s with one
+        replica at B streams), B = 32, the Llama-3.1-8B TP8 profile, the seed's 1500 / 250
+        token requests (goal >= 0.95); two more servers (scripts/bench_replicas.py), which also
+        give the seed workload's throughput sweep on the 3 x TP8 layout beside the published
+        TGI / vLLM figures (`--no-replicas` skips the stage)
 hf: a small random Llama (a few million parameters) on CPU, continuous mode, served at one
 stream and at B = 4 streams; scripts/bench_backend.py (its CLI) measures the backend's own
 step loop in-process, best of three, before and after the served loads:
@@ -34,6 +39,7 @@ import asyncio
 import copy
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -46,6 +52,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_des as des
+import bench_replicas
 import bench_sampling
 import bench_server
 from bench import Lengths, Load, PromptMaker, Target, Workload, run_all
@@ -69,6 +76,14 @@ METRIC_NAMES = (
     "llm_step_sampling_seconds",  # the host's share of a step, by stage: choosing tokens
     "llm_step_detokenize_seconds",  # ... and detokenizing / stop strings
 )
+# The per-step figures printed beside P7: a step's length and the host's share of it, and the round trip
+STEP_METRICS = (
+    "llm_decode_step_seconds",
+    "llm_prefill_step_seconds",
+    "llm_step_sampling_seconds",
+    "llm_step_detokenize_seconds",
+    "llm_frontend_round_trip_seconds",
+)
 SAMPLED = {"temperature": 0.8, "top_p": 0.9}  # P2s's requests
 GOALS: dict[str, tuple[str, float]] = {
     "P1": ("<=", 1.05),
@@ -81,6 +96,7 @@ GOALS: dict[str, tuple[str, float]] = {
     "P8b": ("<=", 0.10),
     "P8a-greedy": ("<=", 0.02),
     "P8b-greedy": ("<=", 0.02),
+    "P7": (">=", 0.95),
 }
 
 
@@ -400,6 +416,28 @@ def p8(timings: list[bench_sampling.Timing]) -> list[Ratio]:
     return out
 
 
+def p7(stage: bench_replicas.Stage) -> Ratio:
+    many, one, _, _ = stage.p7_loads
+    r = stage.plan.replicas
+    return Ratio(
+        "P7",
+        stage.p7,
+        f"served {many.output_tokens_per_s:.1f} tok/s ({r} replicas, {many.streams} streams)",
+        f"{r} x {one.output_tokens_per_s:.1f} tok/s (1 replica, {one.streams} streams)",
+        limit=stage.p7_limit,
+    )
+
+
+def p7_host_metrics(stage: bench_replicas.Stage) -> dict[str, dict[str, float]]:
+    """The handler metrics' means over each of P7's two loads ("single": 1 replica, "replicas"):
+    the per-step host time that shows where a low P7 goes."""
+    out = {}
+    for key, name in (("single", stage.plan.p7_names[1]), ("replicas", stage.plan.p7_names[0])):
+        before, after = stage.runs[key].scrapes_around(name)
+        out[key] = handler_metrics(after, histogram_totals(before)) if after else {}
+    return out
+
+
 def mode_ratios(run: ModeRun, step_1_ms: float, p3_fraction: float) -> list[Ratio]:
     """P1, P2, P3 of one mode, each against that mode's own policy limit."""
     out = []
@@ -475,13 +513,14 @@ def write_suite_results(
     capacity: float | None,
     title: str,
     long_run: dict[str, list[SweepPoint]] | None = None,
+    replicas: dict[str, Any] | None = None,
 ) -> tuple[Path, Path | None]:
-    """`<out>.json` (every figure and request) and, with a capacity and open loads,
-    `<out>.png`: the sweep, one curve per mode with its limits."""
+    """`<out>.json` (every figure and request; with `replicas`, the replicas stage's) and, with
+    a capacity and open loads, `<out>.png`: the sweep, one curve per mode with its limits."""
     out.parent.mkdir(parents=True, exist_ok=True)
     path = out.with_suffix(".json")
     modes = {mode: run.to_dict(capacity) for mode, run in runs.items()}
-    path.write_text(json.dumps({"meta": meta, "modes": modes}, indent=1))
+    path.write_text(json.dumps({"meta": meta, "modes": modes, "replicas": replicas}, indent=1))
     png = None
     if capacity:
         curves = {mode: sweep_points(run.served, capacity) for mode, run in runs.items()}
@@ -593,6 +632,7 @@ class Setup:
     profile: Profile | None = None
     capacity: float | None = None
     ref: dict[str, Any] = field(default_factory=dict)  # the sim profile's figures, or hf's in-process run
+    replicas: bench_replicas.Settings | None = None  # sim with --replicas: P7's stage
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -602,7 +642,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model-dir", type=Path, default=REPO / "models" / "tiny-llama", help="sim: tokenizer")
     parser.add_argument("--workdir", type=Path, default=REPO / "build" / "bench")
     parser.add_argument("--out", type=Path, help="result file stem (default bench_results/bench-<backend>)")
-    parser.add_argument("--modes", help="comma-separated: continuous,static (sim default) or continuous (hf)")
+    parser.add_argument(
+        "--modes",
+        help="comma-separated: continuous,static (sim default) or continuous (hf); none: no mode (sim: P8 and P7 only)",
+    )
     parser.add_argument("--sync-requests", type=int, default=20)
     parser.add_argument("--streams", type=int, help="concurrent streams for P2/P5 (default: n_slots)")
     parser.add_argument("--concurrent-rounds", type=int, default=10, help="requests per stream")
@@ -628,12 +671,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sampled", action=argparse.BooleanOptionalAction, default=True, help="sim: P2s (two more sampled loads)"
     )
+    replicas = parser.add_argument_group(
+        "the replicas stage (sim): P7 and the seed workload, scripts/bench_replicas.py"
+    )
+    replicas.add_argument(
+        "--replicas",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="two more servers: 1 replica at B streams, then the 3 x TP8 layout's sweep (about 4 min)",
+    )
+    replicas.add_argument(
+        "--replica-config", type=Path, default=bench_replicas.SEED_CONFIG, help="the R-replica model-config (sim)"
+    )
+    replicas.add_argument("--replica-profile", type=Path, default=bench_replicas.SEED_PROFILE)
+    replicas.add_argument(
+        "--replica-levels",
+        type=bench_replicas.parse_levels,
+        default=bench_replicas.SEED_LEVELS,
+        help="the sweep's concurrent streams, comma-separated (R x B is always one)",
+    )
+    replicas.add_argument("--replica-rounds", type=int, default=2, help="requests per stream in each load")
+    replicas.add_argument("--replica-streams", type=int, help="B (default: the profile's slots)")
+    replicas.add_argument("--replica-prompt-tokens", type=int, default=bench_replicas.SEED_PROMPT_TOKENS)
+    replicas.add_argument("--replica-prompt-spread", type=int, default=bench_replicas.SEED_PROMPT_SPREAD)
+    replicas.add_argument("--replica-output-tokens", type=int, default=bench_replicas.SEED_OUTPUT_TOKENS)
     args = parser.parse_args(argv)
+    if args.replica_rounds < 1 or (args.replica_streams is not None and args.replica_streams < 1):
+        parser.error("--replica-rounds and --replica-streams must be >= 1")
     if args.time_scale <= 0:
         parser.error("--time-scale must be > 0 (the ratios divide by the profile's scaled times)")
     sim = args.backend == "sim"
     args.mode_list = [m.strip() for m in (args.modes or ("continuous,static" if sim else "continuous")).split(",")]
-    args.mode_list = [m for m in args.mode_list if m]
+    args.mode_list = [m for m in args.mode_list if m and m != "none"]
     if bad := [m for m in args.mode_list if m not in MODES]:
         parser.error(f"unknown mode(s) {bad}: use {', '.join(MODES)}")
     return args
@@ -691,6 +760,23 @@ def set_up(args: argparse.Namespace) -> Setup:
     }
     for config in configs.values():  # the bench measures waiting, not load shedding: room to queue a whole load
         config["jobQueueSize"] = max(config.get("jobQueueSize", 1), *(x.requests for x in plan.loads))
+    replicas = None
+    if sim and args.replicas:
+        replicas = bench_replicas.Settings(
+            model_dir=model_dir,
+            workdir=workroot / "replicas",
+            config=args.replica_config,
+            profile=args.replica_profile,
+            levels=args.replica_levels,
+            rounds=args.replica_rounds * scale,
+            streams=args.replica_streams,
+            prompt_tokens=args.replica_prompt_tokens,
+            prompt_spread=args.replica_prompt_spread,
+            output_tokens=args.replica_output_tokens,
+            time_scale=args.time_scale,
+            progress=not args.no_progress,
+        )
+        bench_replicas.plan(replicas)  # a config or profile that cannot work fails now, not after the modes
     if capacity:
         print(
             f"[bench] capacity {capacity:.3f} req/s: the continuous policy's saturated throughput at "
@@ -716,6 +802,7 @@ def set_up(args: argparse.Namespace) -> Setup:
         profile=profile,
         capacity=capacity,
         ref=ref,
+        replicas=replicas,
     )
 
 
@@ -773,10 +860,17 @@ class Analysis:
     policy_ref: des.Reference | None
     long_run: dict[str, list[SweepPoint]] | None
     knee_at: dict[str, Any]
+    stage: bench_replicas.Stage | None = None
+    p7_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def analyse(s: Setup, runs: dict[str, ModeRun], sampling_timings: list[bench_sampling.Timing] | None) -> Analysis:
-    """The ratios, each mode against its own policy, the long-run policy table and the knees."""
+def analyse(
+    s: Setup,
+    runs: dict[str, ModeRun],
+    sampling_timings: list[bench_sampling.Timing] | None,
+    stage: bench_replicas.Stage | None = None,
+) -> Analysis:
+    """The ratios (P7 before P8), each mode against its own policy, the long-run policy table and the knees."""
     args = s.args
     ratios = compute_ratios(
         args.backend,
@@ -787,6 +881,11 @@ def analyse(s: Setup, runs: dict[str, ModeRun], sampling_timings: list[bench_sam
         in_process_tokens_per_s=s.ref.get("generate_tokens_per_s"),
         sampling_timings=sampling_timings,
     )
+    p7_metrics = {}
+    if stage is not None:
+        at = next((i for i, r in enumerate(ratios) if r.name.startswith("P8")), len(ratios))
+        ratios.insert(at, p7(stage))
+        p7_metrics = p7_host_metrics(stage)
     by_mode = {m: mode_ratios(r, s.ref["step_1_ms"], args.load_fraction) for m, r in runs.items()} if s.sim else {}
     policy_ref = None
     if s.profile is not None and args.des_requests > 0:
@@ -803,7 +902,7 @@ def analyse(s: Setup, runs: dict[str, ModeRun], sampling_timings: list[bench_sam
         )
     long_run = long_run_points(policy_ref, s.capacity, s.modes) if policy_ref and s.capacity else None
     knee_at = knees(runs, s.capacity, long_run) if s.capacity else {}
-    return Analysis(ratios, by_mode, policy_ref, long_run, knee_at)
+    return Analysis(ratios, by_mode, policy_ref, long_run, knee_at, stage, p7_metrics)
 
 
 def result_meta(s: Setup, a: Analysis, argv: list[str] | None, started: float) -> dict[str, Any]:
@@ -882,6 +981,52 @@ def print_report(
     for mode, rs in a.by_mode.items():
         if mode != "continuous" and rs:
             print(f"{mode} mode, against its own policy's limit: " + ", ".join(f"{r.name} {r.value:.2f}" for r in rs))
+    if a.stage is not None:
+        print()
+        print(bench_replicas.report(a.stage))
+        print_p7_host_time(a)
+
+
+def print_p7_host_time(a: Analysis) -> None:
+    """The handler's per-step host time over P7's two loads, side by side; a reason when P7 is low."""
+    assert a.stage is not None
+    plan, p7_ratio = a.stage.plan, next(r for r in a.ratios if r.name == "P7")
+    names = dict(zip(("replicas", "single"), plan.p7_names, strict=True))
+    print(
+        f"\nper-step host time over P7's loads (handler metrics, mean; profile decode step({plan.n_slots}) "
+        f"{plan.profile.decode_s(plan.n_slots) * 1000:.1f} ms):"
+    )
+    for key, label in (("single", "1 replica"), ("replicas", f"{plan.replicas} replicas")):
+        metrics = {k: a.p7_metrics[key][k] for k in STEP_METRICS if k in a.p7_metrics.get(key, {})}
+        print("  " + (_means(f"{label}, {names[key]}", metrics) if metrics else f"{label}: no metrics scraped"))
+    if not p7_ratio.met:
+        print("  " + p7_shortfall(a.p7_metrics, plan.replicas))
+
+
+def p7_shortfall(metrics: dict[str, dict[str, float]], replicas: int) -> str:
+    """Where a low P7 shows in the per-step metrics: longer steps in the replicas (host time
+    inside the step loop) or not (the time goes between steps or outside the worker)."""
+    cpus = os.cpu_count()
+
+    def pair(name: str) -> tuple[float, float] | None:
+        one, many = metrics.get("single", {}).get(name), metrics.get("replicas", {}).get(name)
+        return (one, many) if one and many else None
+
+    step, trip = pair("llm_decode_step_seconds"), pair("llm_frontend_round_trip_seconds")
+    if step is None:
+        return f"P7 is below its goal (no step metrics to say where the time went; {cpus} CPUs on this host)"
+    figures = f"decode step {step[1] * 1000:.1f} ms with {replicas} replicas against {step[0] * 1000:.1f} ms with one"
+    if trip:
+        figures += f", frontend round trip {trip[1] * 1000:.1f} against {trip[0] * 1000:.1f} ms"
+    if step[1] > 1.05 * step[0]:
+        return (
+            f"P7 is below its goal: {figures}; the sleeps are the same, so the longer steps are host time: "
+            f"{replicas} replica processes, the worker, the frontend and the client share {cpus} CPUs"
+        )
+    return (
+        f"P7 is below its goal with steps about as long as one replica's ({figures}): the time goes between steps "
+        f"(admission, the worker's relay of each step, the frontend) on {cpus} shared CPUs"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -895,6 +1040,7 @@ def main(argv: list[str] | None = None) -> None:
         print("[bench] in-process reference (scripts/bench_backend.py) ...", file=sys.stderr)
         s.ref = in_process_reference(s)
     runs = {mode: run_mode(s, mode) for mode in s.modes}
+    stage = bench_replicas.run_stage(s.replicas) if s.replicas else None
     if not s.sim:  # the machine may have been busier before: measure again, keep the faster
         print("[bench] in-process reference again ...", file=sys.stderr)
         again = in_process_reference(s)
@@ -902,9 +1048,11 @@ def main(argv: list[str] | None = None) -> None:
         if again["generate_tokens_per_s"] > s.ref["generate_tokens_per_s"]:
             s.ref = again
         s.ref["generate_tokens_per_s_runs"] = runs_tok
-    a = analyse(s, runs, sampling_timings)
+    a = analyse(s, runs, sampling_timings, stage)
     out = s.args.out or REPO / "bench_results" / f"bench-{s.args.backend}"
-    path, png = write_suite_results(out, result_meta(s, a, argv, started), runs, s.capacity, s.title, a.long_run)
+    replicas = (a.stage.to_dict() | {"p7_handler_metrics_mean_s": a.p7_metrics}) if a.stage else None
+    meta = result_meta(s, a, argv, started)
+    path, png = write_suite_results(out, meta, runs, s.capacity, s.title, a.long_run, replicas)
     print_report(s, runs, a, sampling_timings)
     print(f"results: {path}" + (f" and {png}" if png else "") + f" ({time.monotonic() - started:.0f} s)")
     print(json.dumps({"ratios": {r.name: round(r.value, 3) for r in a.ratios}}), file=sys.stderr)
