@@ -11,13 +11,20 @@ COMPAT_VENV ?= .venv-compat
 COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python3.10) $(shell command -v python3.10))
 COMPAT_PYTEST_ARGS ?=
 
-.PHONY: neuron-venv checkpoint compile test-neuron test-neuron-fake compat-venv test-compat
+.PHONY: neuron-venv nxdi-venv checkpoint compile test-neuron test-neuron-fake compat-venv test-compat
 
 # Adds the serving dependencies to an existing Neuron venv (VENV=...) and marks it installed, so
 # `make venv` never replaces its torch-neuronx / transformers with the CPU pins of requirements.txt.
 neuron-venv:
 	test -x $(PY) || { echo "VENV=$(VENV) is not a venv; activate the Neuron DLAMI venv and pass VENV=\$$VIRTUAL_ENV"; exit 1; }
 	$(BIN)/pip install -r requirements-neuron.txt $$(grep -E "^pytest" requirements-dev.txt)
+	touch $(VENV)/.installed
+
+# The same for the NxD Inference backend: requirements-nxdi.txt (Neuron SDK 2.28) into the SDK 2.28
+# DLAMI's NxDI venv (Python 3.12): source /opt/aws_neuronx_venv_pytorch_2_9_nxd_inference/bin/activate
+nxdi-venv:
+	test -x $(PY) || { echo "VENV=$(VENV) is not a venv; activate the NxD Inference DLAMI venv and pass VENV=\$$VIRTUAL_ENV"; exit 1; }
+	$(BIN)/pip install -r requirements-nxdi.txt $$(grep -E "^pytest" requirements-dev.txt)
 	touch $(VENV)/.installed
 
 # HF_MODEL: a local Hugging Face model folder; MODEL_DIR: the checkpoint the archive will use.

@@ -23,7 +23,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "tests" / "fakes"
-TINY = REPO / "models" / "tiny-llama"
 FAKE_PACKAGES = ("neuronx_distributed_inference", "neuronx_distributed", "torch_neuronx")
 ENV = (
     "NEURON_RT_VISIBLE_CORES",
@@ -48,7 +47,7 @@ def _purge() -> None:
 
 
 @pytest.fixture
-def nxdi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+def nxdi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model_dir: Path) -> Any:
     """The fake SDK importable (as tests/neuron/conftest.py does), a private compiler work dir and
     call log; yields the modules a backend imports plus helpers."""
     for name in ENV:
@@ -63,7 +62,7 @@ def nxdi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     llama = importlib.import_module("neuronx_distributed_inference.models.llama.modeling_llama")
     hf_adapter = importlib.import_module("neuronx_distributed_inference.utils.hf_adapter")
 
-    def build(checkpoint: Path = TINY, **kwargs: Any) -> Any:
+    def build(checkpoint: Path = tiny_model_dir, **kwargs: Any) -> Any:
         options = {
             "tp_degree": 2,
             "batch_size": 4,
@@ -81,7 +80,7 @@ def nxdi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
         )
         return llama.NeuronLlamaForCausalLM(str(checkpoint), inference_config)
 
-    def compiled(name: str = "compiled", checkpoint: Path = TINY, **kwargs: Any) -> Any:
+    def compiled(name: str = "compiled", checkpoint: Path = tiny_model_dir, **kwargs: Any) -> Any:
         folder = tmp_path / name
         build(checkpoint, **kwargs).compile(str(folder))
         model = llama.NeuronLlamaForCausalLM(str(folder))
@@ -93,18 +92,25 @@ def nxdi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
         return [entry for entry in map(json.loads, lines) if entry["call"] == name]
 
     yield SimpleNamespace(
-        config=config, llama=llama, hf_adapter=hf_adapter, build=build, compiled=compiled, calls=calls, tmp=tmp_path
+        config=config,
+        llama=llama,
+        hf_adapter=hf_adapter,
+        build=build,
+        compiled=compiled,
+        calls=calls,
+        tmp=tmp_path,
+        tiny=tiny_model_dir,
     )
     torch.set_num_threads(threads)
     _purge()
 
 
 @pytest.fixture(scope="module")
-def hf() -> Any:
+def hf(tiny_model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(TINY)
-    model = AutoModelForCausalLM.from_pretrained(TINY).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     prompts = [tokenizer(text, return_tensors="pt").input_ids[0] for text in PROMPTS]
     assert all(len(ids) >= 2 for ids in prompts)
     return SimpleNamespace(tokenizer=tokenizer, model=model, prompts=prompts)
@@ -195,12 +201,13 @@ def test_ctx_batch_size_must_be_one_under_continuous_batching(nxdi: Any) -> None
 
 def test_hf_dtype_replaces_the_default_torch_dtype(nxdi: Any) -> None:
     implicit = nxdi.llama.LlamaInferenceConfig(
-        nxdi.config.NeuronConfig(), load_config=nxdi.hf_adapter.load_pretrained_config(str(TINY))
+        nxdi.config.NeuronConfig(), load_config=nxdi.hf_adapter.load_pretrained_config(str(nxdi.tiny))
     )
     assert implicit.neuron_config.torch_dtype == torch.float32  # the checkpoint's dtype
-    assert implicit._name_or_path == str(TINY)
+    assert implicit._name_or_path == str(nxdi.tiny)
     explicit = nxdi.llama.LlamaInferenceConfig(
-        nxdi.config.NeuronConfig(torch_dtype="bfloat16"), load_config=nxdi.hf_adapter.load_pretrained_config(str(TINY))
+        nxdi.config.NeuronConfig(torch_dtype="bfloat16"),
+        load_config=nxdi.hf_adapter.load_pretrained_config(str(nxdi.tiny)),
     )
     assert explicit.neuron_config.torch_dtype == torch.bfloat16
 
@@ -212,7 +219,7 @@ def test_compile_writes_config_and_model_only_without_sharding(nxdi: Any) -> Non
     assert sorted(os.listdir(folder)) == ["model.pt", "neuron_config.json"]
     saved = json.loads((folder / "neuron_config.json").read_text())
     assert saved["neuron_config"]["tp_degree"] == 2 and saved["neuron_config"]["torch_dtype"] == "bfloat16"
-    assert saved["_name_or_path"] == str(TINY)
+    assert saved["_name_or_path"] == str(nxdi.tiny)
     model_pt = (folder / "model.pt").read_bytes()
     spec = json.loads(model_pt.split(b"\n", 1)[1])
     assert {tag: [p["bucket"] for p in programs] for tag, programs in spec["programs"].items()} == {
@@ -287,7 +294,7 @@ def test_load_errors(nxdi: Any) -> None:
 
 def test_load_reshards_from_the_checkpoint_unless_sharded(nxdi: Any) -> None:
     checkpoint = nxdi.tmp / "checkpoint"
-    shutil.copytree(TINY, checkpoint)
+    shutil.copytree(nxdi.tiny, checkpoint)
     nxdi.compiled("plain", checkpoint=checkpoint)
     [reshard] = nxdi.calls("shard_checkpoint")
     assert reshard["source"] == str(checkpoint) and reshard["reason"] == "load"
@@ -320,10 +327,10 @@ def test_load_warms_up_unless_skipped_and_needs_enough_cores(nxdi: Any, monkeypa
 def test_model_classes_and_versions(nxdi: Any) -> None:
     qwen2 = importlib.import_module("neuronx_distributed_inference.models.qwen2.modeling_qwen2")
     qwen3 = importlib.import_module("neuronx_distributed_inference.models.qwen3.modeling_qwen3")
-    load = nxdi.hf_adapter.load_pretrained_config(str(TINY))
+    load = nxdi.hf_adapter.load_pretrained_config(str(nxdi.tiny))
     with pytest.raises(ValueError, match="cannot serve a 'llama' checkpoint"):
         qwen2.NeuronQwen2ForCausalLM(
-            str(TINY),
+            str(nxdi.tiny),
             qwen2.Qwen2InferenceConfig(qwen2.Qwen2NeuronConfig(is_continuous_batching=True), load_config=load),
         )
     assert qwen3.NeuronQwen3ForCausalLM.get_config_cls() is qwen3.Qwen3InferenceConfig

@@ -39,6 +39,17 @@ def test_ci_compat_venv_runs_the_neuron_stacks_torch_and_transformers():
     assert compat["torchserve"] == "==0.11.0"  # what every SageMaker Neuron DLC runs
 
 
+def test_the_nxdi_stack_is_sdk_2_28_and_ci_tests_its_python_stack():
+    nxdi, py312 = requirements("requirements-nxdi.txt"), requirements("requirements-py312.txt")
+    assert nxdi and all(spec.startswith("==") for spec in nxdi.values()), nxdi
+    assert nxdi["neuronx-distributed-inference"] == "==0.8.16251"
+    assert nxdi["torch-neuronx"] == "==2.9.0.2.12.22436" and nxdi["neuronx-cc"] == "==2.23.6484.0"
+    for package in ("torch", "transformers", "tokenizers"):
+        assert py312[package] == nxdi[package], package
+    assert nxdi["transformers"].startswith("==4.57.")
+    assert py312["torchserve"] == "==0.11.0"  # what the SDK 2.26-2.31 DLCs run
+
+
 def test_the_eval_venv_tokenizes_as_the_server_does():
     """lm-eval sends token ids from its own tokenizer: the same transformers and tokenizers as the
     serving venv, so its ids are the ones the server would make."""
