@@ -288,3 +288,63 @@ def test_two_replicas_on_disjoint_cores_compile_once(fake_neuronx, checkpoint):
     loads = calls(fake_neuronx, "load")
     assert len(calls(fake_neuronx, "compile")) == 1
     assert sorted(c["visible_cores"] for c in loads) == ["0-1", "2-3"] and len({c["pid"] for c in loads}) == 2
+
+
+def test_on_device_refusals_are_400s_naming_the_field_through_the_handler(checkpoint, start_handler):
+    import json as jsonlib
+
+    from tests.torchserve_harness import ContinuousFrontend
+
+    yaml = nxdi_yaml(checkpoint, n_slots=2, nxdi={"on_device_sampling": True})
+    handler, context = start_handler(yaml)
+    bodies = [
+        {"prompt": "Hi", "max_new_tokens": 4, "do_sample": True, "seed": 5, "stream": False},
+        {"prompt": "Hi", "max_new_tokens": 4, "repetition_penalty": 1.3, "stream": False},
+        {"prompt": "Hi", "max_new_tokens": 4, "do_sample": True, "top_k": 40, "stream": False},
+    ]
+    seeded, penalised, fine = ContinuousFrontend(handler, context, batch_size=6).serve(bodies)
+    for reply, field in ((seeded, "seed"), (penalised, "repetition_penalty")):
+        body = jsonlib.loads(reply.body)
+        assert reply.status == 400 and body["error"]["param"] == field, body
+        assert "handler.nxdi.on_device_sampling" in body["error"]["message"]
+    assert fine.status == 200 and jsonlib.loads(fine.body)["finish_reason"] == "length"
+
+
+@pytest.fixture
+def tiny_qwen2(checkpoint: Path) -> Path:
+    """A Qwen2 checkpoint of random weights with the tiny model's tokenizer (the fake serves each
+    NxDI class only for its own model_type)."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
+
+    llama = AutoConfig.from_pretrained(checkpoint)
+    target = checkpoint.with_name("qwen2")
+    target.mkdir()
+    for tokenizer_file in checkpoint.glob("*token*"):
+        shutil.copy(tokenizer_file, target / tokenizer_file.name)
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=llama.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=llama.bos_token_id,
+        eos_token_id=llama.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(target, safe_serialization=True)
+    return target
+
+
+def test_a_qwen2_checkpoint_through_its_class_is_the_models_own(tiny_qwen2, start_backend):
+    yaml = nxdi_yaml(tiny_qwen2, n_slots=2, nxdi={"model_class": "qwen2.modeling_qwen2.NeuronQwen2ForCausalLM"})
+    backend = start_backend(yaml)
+    prompt = backend.encode(PROMPTS[1])
+    assert run_alone(backend, prompt, 8) == hf_greedy(tiny_qwen2, prompt, 8)
+    with pytest.raises(Exception, match=r"cannot serve a 'qwen2' checkpoint"):  # the fake's stand-in for garbage
+        start_backend(nxdi_yaml(tiny_qwen2, n_slots=2))
