@@ -64,7 +64,6 @@ import os
 import shlex
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +71,15 @@ import torch
 from transformers import AutoConfig
 
 from handler.backends.base import Backend, SlotRequest, clamp_n_positions
+from handler.backends.device_slots import LiveSlot, LiveSlots, place_process
 from handler.backends.sampling import BatchSampler, prompt_logprobs
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron import artifacts, options
 from handler.neuron.config import MIN_BUCKET, NeuronxConfig
-from handler.neuron.cores import CorePlacement, claim
-from handler.neuron.environment import CacheLocation, configure_compiler, pin_cores
+from handler.neuron.cores import CorePlacement
+from handler.neuron.environment import CacheLocation, configure_compiler
 from handler.neuron.load_or_compile import Recipe, load_or_compile
 from handler.request import TokenChoice
 
@@ -127,15 +127,6 @@ def compiler_version() -> str | None:
         return None
 
 
-@dataclass
-class _Slot:
-    """A live sequence: the token it chose last, and the cache id that token goes to (= how many
-    positions of the slot's KV line hold its sequence)."""
-
-    token: int
-    position: int
-
-
 class NeuronxBackend(Backend):
     name = "neuronx"
 
@@ -157,7 +148,6 @@ class NeuronxBackend(Backend):
         self.n_slots = config.scheduler.n_slots
         self.model: Any = None
         self.placement: CorePlacement | None = None
-        self._live: dict[int, _Slot] = {}
         self.tokenizer = load_tokenizer(checkpoint, handler.trust_remote_code)
         hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
         self.eos_token_ids = eos_token_ids(hf_config, self.tokenizer)
@@ -170,20 +160,13 @@ class NeuronxBackend(Backend):
         self.max_prompt_tokens = self.buckets[-1]
         self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions)
 
-        if cores is not None:
-            self.placement = CorePlacement(tuple(cores), "given by this replica's worker")
-            within = "the worker's cores"
-        else:
-            self.placement, within = claim(gpu_id, workers, self.tp_degree, self.settings.num_cores)
-        pin_cores(self.placement.visible_cores)
-        logger.info(
-            "neuronx: NeuronCores %s for this process (%s; %d worker(s) x tp_degree %d within %s)",
-            self.placement.visible_cores,
-            self.placement.how,
-            workers,
-            self.tp_degree,
-            within,
+        self._live = LiveSlots(
+            "neuronx",
+            self.n_slots,
+            self.n_positions,
+            "the decode kernel runs all slots and overwrites position 0 of the KV of every slot left out",
         )
+        self.placement = place_process("neuronx", self.tp_degree, self.settings.num_cores, gpu_id, workers, cores)
         try:
             self._start(hf_config)
         except BaseException:
@@ -361,7 +344,7 @@ class NeuronxBackend(Backend):
         return self.sampler.last_s
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
-        self._check_prefill(requests)
+        self._live.check_prefill(requests, self.buckets)
         if not requests:
             return []
         encoded = [self._encode(request.slot, request.prompt_ids) for request in requests]
@@ -374,25 +357,14 @@ class NeuronxBackend(Backend):
                     raise RuntimeError("neuronx: prompt logprobs need handler.neuronx.output_all_logits: true")
                 prompt = prompt_logprobs(logits, request.prompt_ids, request.logprobs or 0)
                 choices[i] = dataclasses.replace(choices[i], prompt=prompt)
-            self._live[request.slot] = _Slot(choices[i].token_id, len(request.prompt_ids))
+            self._live[request.slot] = LiveSlot(choices[i].token_id, len(request.prompt_ids))
         return choices
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         slots = list(slots)
-        if len(set(slots)) != len(slots) or set(slots) != set(self._live):
-            raise ValueError(
-                f"neuronx decode must name every live slot exactly once: got {slots}, live {sorted(self._live)} (the "
-                "decode kernel runs all slots and overwrites position 0 of the KV of every slot left out)"
-            )
+        states = self._live.check_decode(slots)
         if not slots:
             return []
-        states = [self._live[slot] for slot in slots]
-        for slot, state in zip(slots, states, strict=True):
-            if state.position >= self.n_positions:
-                raise ValueError(
-                    f"neuronx slot {slot}: its next token would go to position {state.position}, beyond the "
-                    f"{self.n_positions} compiled positions (n_positions): the request outran prompt + max_new_tokens"
-                )
         logits = self._forward(
             torch.tensor([[state.token] for state in states], dtype=torch.long),
             torch.tensor([[state.position] for state in states], dtype=torch.long),  # the SDK needs input_ids' dtype
@@ -410,21 +382,6 @@ class NeuronxBackend(Backend):
     def release(self, slot: int) -> None:
         self._live.pop(slot, None)
         self.sampler.remove(slot)
-
-    def _check_prefill(self, requests: Sequence[SlotRequest]) -> None:
-        slots = [request.slot for request in requests]
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"neuronx prefill: a slot appears twice in {slots}")
-        for request in requests:
-            if not 0 <= request.slot < self.n_slots:
-                raise ValueError(f"neuronx prefill: slot {request.slot} is not one of the {self.n_slots} slots")
-            if request.slot in self._live:
-                raise ValueError(f"neuronx prefill: slot {request.slot} is live; release it first")
-            if not 1 <= len(request.prompt_ids) <= self.max_prompt_tokens:
-                raise ValueError(
-                    f"neuronx prefill: a prompt of {len(request.prompt_ids)} tokens; the compiled context buckets "
-                    f"{self.buckets} take 1 to {self.max_prompt_tokens}"
-                )
 
     def _encode(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
         """The context encoding of one prompt into the slot's KV line: logits [positions, vocab] whose last

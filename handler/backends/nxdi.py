@@ -58,14 +58,15 @@ import torch
 from transformers import AutoConfig
 
 from handler.backends.base import Backend, SlotRequest, clamp_n_positions
+from handler.backends.device_slots import LiveSlot, LiveSlots, place_process
 from handler.backends.neuronx import compiler_version, default_buckets, package_version
 from handler.backends.sampling import BatchSampler
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron import artifacts
-from handler.neuron.cores import CorePlacement, claim
-from handler.neuron.environment import CacheLocation, child_environment, configure_compiler, pin_cores
+from handler.neuron.cores import CorePlacement
+from handler.neuron.environment import CacheLocation, child_environment, configure_compiler
 from handler.neuron.load_or_compile import Recipe, load_or_compile
 from handler.neuron.nxdi_config import NXDI_OPTIONS_KEY, NxdiConfig, device_sampling_refusal, device_sampling_row
 from handler.request import SamplingParams, TokenChoice
@@ -162,12 +163,10 @@ def compile_in_child(recipe: ModelRecipe, out_dir: str, timeout_s: float | None 
 
 
 @dataclass
-class _Slot:
-    """A live sequence: the token it chose last, that token's position, and its device sampling row."""
+class _Slot(LiveSlot):
+    """A live sequence, with its row of device sampling parameters."""
 
-    token: int
-    position: int
-    sampling_row: tuple[float, float, float]
+    sampling_row: tuple[float, float, float] = (1.0, 1.0, 1.0)
 
 
 class NxdiBackend(Backend):
@@ -189,7 +188,6 @@ class NxdiBackend(Backend):
         self.n_slots = config.scheduler.n_slots
         self.model: Any = None
         self.placement: CorePlacement | None = None
-        self._live: dict[int, _Slot] = {}
         self.tokenizer = load_tokenizer(checkpoint, handler.trust_remote_code)
         hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
         self.eos_token_ids = eos_token_ids(hf_config, self.tokenizer)
@@ -203,18 +201,13 @@ class NxdiBackend(Backend):
         self.on_device = self.settings.on_device_sampling
         self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions)
 
-        if cores is not None:
-            self.placement, within = CorePlacement(tuple(cores), "given by this replica's worker"), "the worker's cores"
-        else:
-            self.placement, within = claim(gpu_id, workers, self.tp_degree, self.settings.num_cores)
-        pin_cores(self.placement.visible_cores)
-        logger.info(
-            "nxdi: NeuronCores %s for this process (%s; tp_degree %d within %s)",
-            self.placement.visible_cores,
-            self.placement.how,
-            self.tp_degree,
-            within,
+        self._live = LiveSlots(
+            "nxdi",
+            self.n_slots,
+            self.n_positions,
+            "NxDI runs a slot left out as a copy of the first row, overwriting its KV",
         )
+        self.placement = place_process("nxdi", self.tp_degree, self.settings.num_cores, gpu_id, workers, cores)
         try:
             self._start(hf_config)
         except BaseException:
@@ -345,7 +338,7 @@ class NxdiBackend(Backend):
         return 0.0 if self.on_device else self.sampler.last_s
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
-        self._check_prefill(requests)
+        self._live.check_prefill(requests, self.context_buckets)
         outputs = []
         for request in requests:
             input_ids, position_ids, mask = self._context_row(request.prompt_ids)
@@ -384,21 +377,10 @@ class NxdiBackend(Backend):
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         slots = list(slots)
-        if len(set(slots)) != len(slots) or set(slots) != set(self._live):
-            raise ValueError(
-                f"nxdi decode must name every live slot exactly once: got {slots}, live {sorted(self._live)} (NxDI "
-                "runs a slot left out as a copy of the first row, overwriting its KV)"
-            )
+        ordered = sorted(slots)  # a full batch ignores seq_ids: row i is KV row i
+        states = self._live.check_decode(ordered)
         if not slots:
             return []
-        ordered = sorted(slots)  # a full batch ignores seq_ids: row i is KV row i
-        states = [self._live[slot] for slot in ordered]
-        for slot, state in zip(ordered, states, strict=True):
-            if state.position >= self.n_positions:
-                raise ValueError(
-                    f"nxdi slot {slot}: its next token would go to position {state.position}, beyond the "
-                    f"{self.n_positions} compiled positions (n_positions)"
-                )
         out = self._forward(
             torch.tensor([[state.token] for state in states], dtype=torch.long),
             torch.tensor([[state.position] for state in states], dtype=torch.long),
@@ -445,21 +427,6 @@ class NxdiBackend(Backend):
         # model_base.py `_construct_output`: with on-device sampling `.logits` is None and `.tokens` holds
         # each row's token (int32); without it `.logits` holds the logits
         return out.tokens if self.on_device else out.logits
-
-    def _check_prefill(self, requests: Sequence[SlotRequest]) -> None:
-        slots = [request.slot for request in requests]
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"nxdi prefill: a slot appears twice in {slots}")
-        for request in requests:
-            if not 0 <= request.slot < self.n_slots:
-                raise ValueError(f"nxdi prefill: slot {request.slot} is not one of the {self.n_slots} slots")
-            if request.slot in self._live:
-                raise ValueError(f"nxdi prefill: slot {request.slot} is live; release it first")
-            if not 1 <= len(request.prompt_ids) <= self.max_prompt_tokens:
-                raise ValueError(
-                    f"nxdi prefill: a prompt of {len(request.prompt_ids)} tokens; the context buckets "
-                    f"{self.context_buckets} take 1 to {self.max_prompt_tokens}"
-                )
 
     def warmup(self) -> None:
         """NxDI's load() runs its own warm-up of every bucket; one short request through the step
