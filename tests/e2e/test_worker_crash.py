@@ -116,12 +116,15 @@ def _wait_until_the_worker_holds(server: TorchServe, requests: int, timeout_s: f
     """How many requests the handler's gauges (Prometheus) count in the worker, decoding or
     waiting for a slot, once they reach `requests` or have not grown for 3 s."""
     deadline = time.monotonic() + timeout_s
-    held, since = 0, time.monotonic()
+    held, since, repeated = 0, time.monotonic(), False
     while time.monotonic() < deadline:
+        # Two scrapes in a row must agree: the frontend updates the two gauges one log line at a
+        # time, so one scrape can add this call's occupied slots to the last call's waiting count.
         now = int(sum(gauges(server.scrape_metrics()).values()))
-        if now != held:
+        repeated = now == held
+        if not repeated:
             held, since = now, time.monotonic()
-        if held >= requests or (held and time.monotonic() - since > 3.0):
+        if (held >= requests and repeated) or (held and time.monotonic() - since > 3.0):
             return held
         time.sleep(0.1)
     raise AssertionError(f"the worker's count of requests was still changing ({held}) after {timeout_s} s")
