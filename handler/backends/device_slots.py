@@ -1,19 +1,73 @@
-"""What the Neuron backends (neuronx, nxdi) share: this process's NeuronCores, and the slots
-of a compiled batch with the checks the step contract's calls must pass against them. Both
-SDKs corrupt a live slot's KV when a decode leaves it out, so a decode must name every live
-slot; both compile fixed positions and prompt buckets."""
+"""What the Neuron backends (neuronx, nxdi) share: the checkpoint's facts, the SDK versions a
+manifest records, default buckets, this process's NeuronCores, and the slots of a compiled
+batch with the checks the step contract's calls must pass against them. Both SDKs corrupt a
+live slot's KV when a decode leaves it out, so a decode must name every live slot; both
+compile fixed positions and prompt buckets."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from handler.backends.base import SlotRequest
+from transformers import AutoConfig
+
+from handler.backends.base import SlotRequest, clamp_n_positions
+from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.neuron.cores import CorePlacement, claim
 from handler.neuron.environment import pin_cores
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    """What a Neuron backend reads of the Hugging Face checkpoint before it compiles or loads."""
+
+    tokenizer: Any
+    hf_config: Any
+    eos_token_ids: frozenset[int]
+    vocab_size: int | None
+    n_positions: int  # the configured one, clamped to the model's max_position_embeddings
+
+    @classmethod
+    def read(cls, checkpoint: Path, trust_remote_code: bool, n_positions: int) -> CheckpointFacts:
+        tokenizer = load_tokenizer(checkpoint, trust_remote_code)
+        hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
+        return cls(
+            tokenizer,
+            hf_config,
+            eos_token_ids(hf_config, tokenizer),
+            getattr(hf_config, "vocab_size", None),
+            clamp_n_positions(n_positions, getattr(hf_config, "max_position_embeddings", None), "model"),
+        )
+
+
+def default_buckets(n_positions: int) -> list[int]:
+    """Buckets: powers of two from 128 up to n_positions (which is always the last)."""
+    buckets, size = [], 128
+    while size < n_positions:
+        buckets.append(size)
+        size *= 2
+    return [*buckets, n_positions]
+
+
+def package_version(distribution: str, module: Any) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return getattr(module, "__version__", None)
+
+
+def compiler_version() -> str | None:
+    try:
+        return package_version("neuronx-cc", importlib.import_module("neuronxcc"))
+    except ImportError:
+        return None
 
 
 def place_process(

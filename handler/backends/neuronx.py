@@ -68,12 +68,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig
 
-from handler.backends.base import Backend, SlotRequest, clamp_n_positions
-from handler.backends.device_slots import LiveSlot, LiveSlots, place_process
+from handler.backends.base import Backend, SlotRequest
+from handler.backends.device_slots import (
+    CheckpointFacts,
+    LiveSlot,
+    LiveSlots,
+    compiler_version,
+    default_buckets,
+    package_version,
+    place_process,
+)
 from handler.backends.sampling import BatchSampler, prompt_logprobs
-from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron import artifacts, options
@@ -89,15 +95,6 @@ logger = logging.getLogger(__name__)
 PAD_ID = 0
 
 
-def default_buckets(n_positions: int) -> list[int]:
-    """Context buckets: powers of two from 128 up to n_positions (which is always the last)."""
-    buckets, size = [], 128
-    while size < n_positions:
-        buckets.append(size)
-        size *= 2
-    return [*buckets, n_positions]
-
-
 def context_buckets(neuronx: NeuronxConfig, n_positions: int) -> list[int]:
     buckets = neuronx.context_length_estimate or default_buckets(n_positions)
     if buckets[0] < MIN_BUCKET:  # only the default can get here (the config validates a list)
@@ -111,20 +108,6 @@ def context_buckets(neuronx: NeuronxConfig, n_positions: int) -> list[int]:
             f"({n_positions}); keep every bucket <= n_positions"
         )
     return buckets
-
-
-def package_version(distribution: str, module: Any) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return getattr(module, "__version__", None)
-
-
-def compiler_version() -> str | None:
-    try:
-        return package_version("neuronx-cc", importlib.import_module("neuronxcc"))
-    except ImportError:
-        return None
 
 
 class NeuronxBackend(Backend):
@@ -148,14 +131,10 @@ class NeuronxBackend(Backend):
         self.n_slots = config.scheduler.n_slots
         self.model: Any = None
         self.placement: CorePlacement | None = None
-        self.tokenizer = load_tokenizer(checkpoint, handler.trust_remote_code)
-        hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
-        self.eos_token_ids = eos_token_ids(hf_config, self.tokenizer)
-        self.vocab_size = getattr(hf_config, "vocab_size", None)
+        facts = CheckpointFacts.read(checkpoint, handler.trust_remote_code, handler.n_positions)
+        self.tokenizer, hf_config = facts.tokenizer, facts.hf_config
+        self.eos_token_ids, self.vocab_size, self.n_positions = facts.eos_token_ids, facts.vocab_size, facts.n_positions
         self.output_all_logits = self.settings.output_all_logits
-        self.n_positions = clamp_n_positions(
-            handler.n_positions, getattr(hf_config, "max_position_embeddings", None), "model"
-        )
         self.buckets = context_buckets(self.settings, self.n_positions)
         self.max_prompt_tokens = self.buckets[-1]
         self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions)

@@ -55,13 +55,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig
 
-from handler.backends.base import Backend, SlotRequest, clamp_n_positions
-from handler.backends.device_slots import LiveSlot, LiveSlots, place_process
-from handler.backends.neuronx import compiler_version, default_buckets, package_version
+from handler.backends.base import Backend, SlotRequest
+from handler.backends.device_slots import (
+    CheckpointFacts,
+    LiveSlot,
+    LiveSlots,
+    compiler_version,
+    default_buckets,
+    package_version,
+    place_process,
+)
 from handler.backends.sampling import BatchSampler
-from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron import artifacts
@@ -188,13 +193,9 @@ class NxdiBackend(Backend):
         self.n_slots = config.scheduler.n_slots
         self.model: Any = None
         self.placement: CorePlacement | None = None
-        self.tokenizer = load_tokenizer(checkpoint, handler.trust_remote_code)
-        hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
-        self.eos_token_ids = eos_token_ids(hf_config, self.tokenizer)
-        self.vocab_size = getattr(hf_config, "vocab_size", None)
-        self.n_positions = clamp_n_positions(
-            handler.n_positions, getattr(hf_config, "max_position_embeddings", None), "model"
-        )
+        facts = CheckpointFacts.read(checkpoint, handler.trust_remote_code, handler.n_positions)
+        self.tokenizer, self.eos_token_ids = facts.tokenizer, facts.eos_token_ids
+        self.vocab_size, self.n_positions = facts.vocab_size, facts.n_positions
         self.context_buckets = self._buckets(self.settings.context_buckets, "context_buckets")
         self.token_buckets = self._buckets(self.settings.token_buckets, "token_buckets")
         self.max_prompt_tokens = self.context_buckets[-1]
@@ -209,7 +210,7 @@ class NxdiBackend(Backend):
         )
         self.placement = place_process("nxdi", self.tp_degree, self.settings.num_cores, gpu_id, workers, cores)
         try:
-            self._start(hf_config)
+            self._start()
         except BaseException:
             self.close()
             raise
@@ -223,7 +224,7 @@ class NxdiBackend(Backend):
             )
         return buckets
 
-    def _start(self, hf_config: Any) -> None:
+    def _start(self) -> None:
         self.cache = CacheLocation.resolve(self.settings.cache_dir, self.checkpoint, self.settings.compile_cache)
         logger.info("nxdi: compile cache: %s", configure_compiler(self.settings.compiler_flags, self.cache))
         self.sdk = Sdk.load(self.settings.model_class)  # after the environment is set

@@ -61,6 +61,10 @@ class Replica:
         self._lock = threading.Lock()  # guards _reported and the sending side of conn
         self._reported: dict[str, tuple[Sequence, int]] = {}  # request id: its sequence, tokens reported
 
+    def ready(self, facts: ModelFacts, load_s: float) -> None:
+        with self._lock:
+            self.conn.send(Ready(facts, os.getpid(), load_s))
+
     def serve(self) -> None:
         """Take the worker's messages until it says Stop or goes away."""
         self.engine.start()
@@ -142,8 +146,7 @@ def run(conn: Connection) -> int:
     replica = Replica(backend, spec.config.scheduler.prefill_token_budget, conn)
     load_s = time.perf_counter() - started
     logger.info("replica %d ready in %.1f s", spec.index, load_s)
-    with replica._lock:
-        conn.send(Ready(facts_of(backend), os.getpid(), load_s))
+    replica.ready(facts_of(backend), load_s)
     replica.serve()
     return 0
 

@@ -100,7 +100,9 @@ class ReplicaSet:
         self.facts: ModelFacts | None = None
         self.steps = 0
         self.on_idle: Callable[[], None] | None = None
-        self.on_health: Callable[[Health], None] | None = None
+        # Called (from the replicas' reader threads and the supervisor) when a replica went down, came
+        # back or gave up; `health()` says how things stand then.
+        self.on_health: Callable[[], None] | None = None
 
     # -- start-up --------------------------------------------------------------------------
     def launch_all(self) -> ModelFacts:
@@ -390,6 +392,6 @@ class ReplicaSet:
         if self.on_health is None:
             return
         try:
-            self.on_health(self.health())
+            self.on_health()
         except Exception:
             logger.exception("reporting the replicas' health failed")

@@ -325,9 +325,9 @@ class ContinuousServing:
                 self._context, self.engine.take_records(), self.engine.occupied, self.engine.waiting
             )
 
-    def _replica_health(self, _reported: Health) -> None:
+    def _replica_health(self) -> None:
         """A replica went down, came back or gave up (from the replica set's threads, which may
-        report at once: the state is read afresh under a lock, so the last write is the latest)."""
+        report at once: the state is read under a lock, so the last write is the latest)."""
         with self._health_lock:
             assert self.replicas is not None
             self._show_health(self.replicas.health())

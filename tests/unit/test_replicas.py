@@ -198,7 +198,7 @@ class Fixture:
             [ReplicaSpec(k, None, None) for k in range(count)], step_timeout_s, self._spawn, clock=self.clock
         )
         self.health = []
-        self.set.on_health = self.health.append
+        self.set.on_health = lambda: self.health.append(self.set.health())
         self.answer_ready = True  # each new process says Ready, as a replica after its warm-up
 
     def _spawn(self, spec, on_message, on_exit) -> StandIn:
@@ -307,13 +307,12 @@ def test_the_first_replica_starts_alone_then_the_others():
     spawn = f._spawn
 
     def recording(spec, on_message, on_exit):
-        started.append((spec.index, sorted(p.spec.index for p in f.processes if f.set.replica_of("x") is None)))
+        started.append((spec.index, f.set.health().ready))  # how many served when it was spawned
         return spawn(spec, on_message, on_exit)
 
     f.set._process_factory = recording
     f.set.launch_all()
-    assert [index for index, _ in started] == [0, 1, 2]
-    assert started[1][1] == [0]  # replica 1 was spawned only after replica 0 (ready) existed
+    assert started == [(0, 0), (1, 1), (2, 1)]  # 1 and 2 only once 0 served, then together
     f.set.stop()
 
 
