@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from handler.config import ServingConfig
 from handler.engine.sequence import Progress
 from handler.engine.step_engine import StepRecord
-from handler.errors import ServingError
 from handler.request import GenerationRequest
 
 # The (logprobs, prompt_logprobs) combinations a request can ask for, answered once at start.
@@ -50,13 +49,6 @@ class Submit:
 @dataclass(frozen=True)
 class Abort:
     request_id: str
-
-
-@dataclass(frozen=True)
-class Fail:
-    """End every sequence of the replica with `error` (the drain deadline passed)."""
-
-    error: ServingError
 
 
 @dataclass(frozen=True)

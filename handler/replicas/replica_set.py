@@ -231,10 +231,6 @@ class ReplicaSet:
         with self._changed:
             return self._owner.get(request_id)
 
-    def pids(self) -> list[int | None]:
-        with self._changed:
-            return [r.process.pid if r.process is not None else None for r in self._replicas]
-
     def stop(self) -> None:
         with self._changed:
             self._stopping = True
