@@ -4,6 +4,22 @@ protocols (`api/`), the engine and the backends; no wire format here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+ConstraintKind = Literal["json_object", "json_schema", "regex", "lark"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match (structured output): the sampler masks every token that would
+    leave the language, and the only token left once the output is complete is EOS.
+
+    `value` is the JSON Schema as JSON text (json_schema), the regular expression (regex), the
+    Lark grammar (lark, which may embed `%json{...}` schemas), or "" (json_object: any one JSON
+    object)."""
+
+    kind: ConstraintKind
+    value: str = ""
 
 
 @dataclass(frozen=True)
@@ -19,6 +35,18 @@ class SamplingParams:
     # False for a seed the server drew itself (TGI reports one for every sampled request): a
     # backend that cannot seed (nxdi's on-device sampling) refuses only a seed the client chose.
     seed_from_client: bool = True
+    # OpenAI's penalties: subtracted from a token's logit by whether (presence) and how often
+    # (frequency) it appeared in this request's output so far. 0 is off.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # (token id, bias) added to the logits; ids are checked against the vocabulary on receipt.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # EOS and the stop token ids are suppressed until this many tokens were generated.
+    min_tokens: int = 0
+
+    @property
+    def needs_output_history(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +69,12 @@ class GenerationRequest:
     # A prompt given as token ids (OpenAI completions' list-of-ints prompt): used as is, never
     # re-tokenized and no special tokens added; `prompt` then holds its decoded text.
     prompt_token_ids: tuple[int, ...] | None = None
+    # Token ids that end the output like EOS does (finish reason "stop"), kept in the output.
+    stop_token_ids: tuple[int, ...] = ()
+    constraint: Constraint | None = None
+    # Independent outputs for the one prompt (OpenAI `n`), each its own slot; output i samples
+    # with seed + i when the request has a seed.
+    n: int = 1
 
 
 @dataclass(frozen=True)

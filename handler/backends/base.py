@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from handler.request import SamplingParams, TokenChoice
+from handler.request import Constraint, GenerationRequest, SamplingParams, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ class SlotRequest:
     ignore_eos: bool = False  # EOS is suppressed while sampling (the request asked to run to its length)
     logprobs: int | None = None  # None: none; 0: the chosen token's; n: also the n most likely
     prompt_logprobs: bool = False  # prefill also returns each prompt token's logprob (TokenChoice.prompt)
+    stop_token_ids: tuple[int, ...] = ()  # end the output like EOS (suppressed with EOS before min_tokens)
+    constraint: Constraint | None = None  # the output must match it (structured output)
 
 
 class Backend(ABC):
@@ -67,9 +69,10 @@ class Backend(ABC):
         The service asks once, in `prepare`, and answers 400 naming the request's field."""
         return None
 
-    def request_refusal(self, sampling: SamplingParams) -> tuple[str, str] | None:
+    def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
         """(the request field, why) when this backend cannot sample as a request asks (nxdi with
-        on-device sampling has no seed or repetition penalty); None when it can. Asked in `prepare`."""
+        on-device sampling has no seed, penalties or grammar); None when it can. Asked in `prepare`;
+        the field is the domain's name (`sampling.seed` is "seed", `constraint`, ...)."""
         return None
 
     @property

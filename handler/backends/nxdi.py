@@ -74,7 +74,7 @@ from handler.neuron.cores import CorePlacement
 from handler.neuron.environment import CacheLocation, child_environment, configure_compiler
 from handler.neuron.load_or_compile import Recipe, load_or_compile
 from handler.neuron.nxdi_config import NXDI_OPTIONS_KEY, NxdiConfig, device_sampling_refusal, device_sampling_row
-from handler.request import SamplingParams, TokenChoice
+from handler.request import GenerationRequest, SamplingParams, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -322,8 +322,8 @@ class NxdiBackend(Backend):
             return "handler.nxdi.on_device_sampling is on: the device returns token ids, not logits"
         return None
 
-    def request_refusal(self, sampling: SamplingParams) -> tuple[str, str] | None:
-        return device_sampling_refusal(sampling, self.settings.global_topk) if self.on_device else None
+    def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
+        return device_sampling_refusal(request, self.settings.global_topk) if self.on_device else None
 
     @property
     def device_sampling_topk(self) -> int | None:

@@ -72,6 +72,7 @@ class Sequence:
     admitted_at: float | None = None  # given a slot (continuous) or its micro-batch started (static)
     first_token_at: float | None = None
     last_token_at: float | None = None
+    choice_index: int = 0  # which of the request's `n` outputs this is
 
     def __post_init__(self) -> None:
         self._detokenizer = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
@@ -87,6 +88,8 @@ class Sequence:
             request.ignore_eos,
             request.logprobs,
             request.prompt_logprobs,
+            request.stop_token_ids,
+            request.constraint,
         )
 
     @property
@@ -110,7 +113,11 @@ class Sequence:
         self.token_ids.append(token_id)
         if token_id in self.eos_token_ids and not self.request.ignore_eos:
             return self._finish(FinishReason.EOS)
-        delta = self._stops.feed(self._detokenizer.add(token_id))
+        if token_id in self.request.stop_token_ids:
+            return self._finish(FinishReason.STOP)
+        text = self._detokenizer.add(token_id)
+        # Before min_tokens no stop string ends the output (as vLLM): its text goes out as is.
+        delta = self._stops.feed(text) if self.completion_tokens >= self.request.sampling.min_tokens else text
         if self._stops.stopped:
             return self._finish(FinishReason.STOP, delta)
         if self.completion_tokens >= self.request.max_new_tokens:

@@ -20,7 +20,7 @@ from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from handler.neuron.config import DeviceSection, Option
-from handler.request import SamplingParams
+from handler.request import GenerationRequest, SamplingParams
 
 NXDI_OPTIONS_KEY = "handler.nxdi.neuron_config"
 DEFAULT_MODEL_CLASS = "llama.modeling_llama.NeuronLlamaForCausalLM"
@@ -77,9 +77,10 @@ def refused_nxdi_options(options: Mapping[str, Option]) -> list[str]:
     ]
 
 
-def device_sampling_refusal(sampling: SamplingParams, global_topk: int) -> tuple[str, str] | None:
+def device_sampling_refusal(request: GenerationRequest, global_topk: int) -> tuple[str, str] | None:
     """(the request field, why) for what NxDI's on-device sampler cannot do: it takes a row's
     top_k (at most global_topk), top_p and temperature, and nothing else (no seed input)."""
+    sampling = request.sampling
     why = "handler.nxdi.on_device_sampling is on and the device sampler takes only top_k, top_p and temperature"
     if sampling.seed is not None and sampling.seed_from_client:
         return "seed", why

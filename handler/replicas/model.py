@@ -16,7 +16,7 @@ from handler.neuron.cores import CorePlacement, claim, split
 from handler.neuron.nxdi_config import device_sampling_refusal
 from handler.replicas.protocol import ReplicaSpec
 from handler.replicas.replica_set import ReplicaSet
-from handler.request import SamplingParams
+from handler.request import GenerationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +43,9 @@ class ReplicatedModel:
     def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
         return self._refusals.get((logprobs, prompt_logprobs))
 
-    def request_refusal(self, sampling: SamplingParams) -> tuple[str, str] | None:
+    def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
         """As the replicas' backend answers it (nxdi with on-device sampling refuses some fields)."""
-        return None if self._device_topk is None else device_sampling_refusal(sampling, self._device_topk)
+        return None if self._device_topk is None else device_sampling_refusal(request, self._device_topk)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]

@@ -135,7 +135,7 @@ class GenerationService:
             raise InvalidRequest(f"'{param}' cannot be served: {refusal}", param)
 
     def _check_sampling(self, request: GenerationRequest, api: Api) -> None:
-        refusal = self.backend.request_refusal(request.sampling)
+        refusal = self.backend.request_refusal(request)
         if refusal is not None:
             field, why = refusal
             param = api.wire_name(field)

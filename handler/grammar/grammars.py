@@ -1,0 +1,51 @@
+"""A `Constraint` as an llguidance grammar, and why one cannot be compiled.
+
+JSON is generated compact (no whitespace between tokens, `,` and `:` as separators): with
+flexible whitespace a weak or random model can spend its whole budget on blanks inside a
+valid document. A schema's own `x-guidance` options still override this.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import llguidance
+
+from handler.request import Constraint
+
+COMPACT_JSON: llguidance.JsonCompileOptions = {"whitespace_flexible": False}
+ANY_JSON_OBJECT = {"type": "object"}
+
+
+def llguidance_grammar(constraint: Constraint) -> str:
+    """The grammar text llguidance's matcher takes. Raises ValueError for a schema that is not
+    a JSON object."""
+    matcher = llguidance.LLMatcher
+    if constraint.kind == "json_object":
+        return matcher.grammar_from_json_schema(ANY_JSON_OBJECT, defaults=COMPACT_JSON)
+    if constraint.kind == "json_schema":
+        return matcher.grammar_from_json_schema(constraint.value, defaults=COMPACT_JSON)
+    if constraint.kind == "regex":
+        return matcher.grammar_from_regex(constraint.value)
+    if constraint.kind == "lark":
+        return matcher.grammar_from_lark(constraint.value)
+    raise ValueError(f"unknown constraint kind {constraint.kind!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def grammar_problem(constraint: Constraint) -> str | None:
+    """Why the constraint cannot be enforced (llguidance's own words), or None when it can.
+    Checked on receipt, so a bad schema is that request's 400 and never reaches a step."""
+    try:
+        grammar = llguidance_grammar(constraint)
+    except ValueError as exc:
+        return str(exc)
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    return error.strip() or None
+
+
+def json_schema_text(schema: object) -> str:
+    """A schema as the constraint's value: JSON text with sorted keys, so equal schemas share a
+    cache entry whatever the order their client wrote the keys in."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
