@@ -269,14 +269,24 @@ def test_on_device_greedy_is_the_models_own_and_rows_carry_their_own_params(on_d
     ],
 )
 def test_on_device_refuses_what_the_device_cannot_do(on_device, sampling, field):
-    refusal = on_device.request_refusal(sampling)
+    refusal = on_device.request_refusal(GenerationRequest("hi", 4, sampling))
     assert refusal is not None and refusal[0] == field
     assert on_device.logprobs_refusal(True, False) is not None
-    assert on_device.request_refusal(SamplingParams(do_sample=True, seed=3, seed_from_client=False)) is None
+    assert (
+        on_device.request_refusal(
+            GenerationRequest("hi", 4, SamplingParams(do_sample=True, seed=3, seed_from_client=False))
+        )
+        is None
+    )
 
 
 def test_host_sampling_refuses_nothing_but_prompt_logprobs(backend):
-    assert backend.request_refusal(SamplingParams(do_sample=True, seed=3, repetition_penalty=1.3, top_k=1000)) is None
+    assert (
+        backend.request_refusal(
+            GenerationRequest("hi", 4, SamplingParams(do_sample=True, seed=3, repetition_penalty=1.3, top_k=1000))
+        )
+        is None
+    )
     assert backend.logprobs_refusal(True, False) is None
     assert "last position" in backend.logprobs_refusal(False, True)
 
