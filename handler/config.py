@@ -98,6 +98,9 @@ class HandlerConfig(_Section):
     default_max_new_tokens: int = Field(default=64, ge=1)
     max_new_tokens: int = Field(default=512, ge=1, description="the largest max_new_tokens a request may ask for")
     trust_remote_code: bool = False
+    max_stop_strings: int = Field(
+        default=16, ge=1, le=256, description="the most stop strings a request may give (OpenAI's own API allows 4)"
+    )
     step_timeout_s: float = Field(
         default=600.0,
         gt=0,

@@ -83,6 +83,7 @@ class Limits:
 
     default_max_new_tokens: int
     max_new_tokens: int
+    max_stop_strings: int = 16
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from handler.errors import InvalidRequest
-from handler.request import Limits
+from handler.request import Constraint, Limits
 
 logger = logging.getLogger(__name__)
 
-MAX_STOP_STRINGS = 4
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # OpenAI's own limit on logit_bias entries
+N_MAX = 8  # the most outputs one request may ask for (OpenAI `n`)
 Model = TypeVar("Model", bound=BaseModel)
 
 
@@ -118,13 +119,55 @@ def checked_max_new_tokens(value: int | None, limits: Limits, param: str) -> int
 
 def stop_strings(
     stop: str | list[str] | None,
+    limit: int,
     too_many: str = "at most {limit} stop strings are allowed, got {count}",
     empty: str = "stop strings must not be empty",
 ) -> tuple[str, ...]:
-    """Up to MAX_STOP_STRINGS non-empty stop strings (the messages in the route's words)."""
+    """Up to `limit` non-empty stop strings (the messages in the route's words)."""
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if len(stops) > MAX_STOP_STRINGS:
-        raise InvalidRequest(too_many.format(limit=MAX_STOP_STRINGS, count=len(stops)), "stop")
+    if len(stops) > limit:
+        raise InvalidRequest(too_many.format(limit=limit, count=len(stops)), "stop")
     if any(s == "" for s in stops):
         raise InvalidRequest(empty, "stop")
     return tuple(stops)
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON text with sorted keys: equal schemas give equal text (one grammar cache entry)."""
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def json_schema_constraint(schema: Any, param: str) -> Constraint:
+    """A request's JSON Schema as a constraint; a schema that is not a JSON object is that field's 400
+    (whether the grammar engine can enforce it is checked on receipt, handler/serving/service.py)."""
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"{param} must be a JSON Schema object, got {type(schema).__name__}", param)
+    return Constraint("json_schema", canonical_json(schema))
+
+
+def logit_bias(bias: dict[str, float] | None, param: str = "logit_bias") -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} map, biases in [-100, 100] (whether the ids are in the vocabulary
+    is checked on receipt, where the vocabulary is known)."""
+    if not bias:
+        return ()
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise InvalidRequest(f"{param} takes at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}", param)
+    out = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidRequest(f"{param} keys must be token ids, got {key!r}", param) from None
+        if not -100 <= value <= 100 or value != value:
+            raise InvalidRequest(f"{param} values must be between -100 and 100, got {value} for {key}", param)
+        out.append((token, float(value)))
+    return tuple(sorted(out))
+
+
+def penalty(value: float | int | None, param: str) -> float:
+    """An OpenAI presence / frequency penalty, between -2 and 2 (0 when absent)."""
+    if value is None:
+        return 0.0
+    if not -2.0 <= value <= 2.0:
+        raise InvalidRequest(f"{param} must be between -2 and 2, got {value}", param)
+    return float(value)

@@ -25,10 +25,14 @@ from pydantic import BaseModel
 from handler.api.base import Api
 from handler.api.chat_template import render_chat
 from handler.api.common import (
+    N_MAX,
     checked_max_new_tokens,
     compact_json,
     extra_fields,
+    json_schema_constraint,
     log_ignored,
+    logit_bias,
+    penalty,
     sse,
     stop_strings,
     validated,
@@ -37,7 +41,7 @@ from handler.api.logprobs import RenderedToken, TokenLog, as_bytes
 from handler.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from handler.engine.sequence import FinishReason, Sequence
 from handler.errors import InvalidRequest, NotFound, ServingError, to_http
-from handler.request import GenerationRequest, Limits, SamplingParams
+from handler.request import Constraint, GenerationRequest, Limits, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +63,9 @@ def error_body(error: ServingError) -> dict[str, Any]:
     return {"error": inner}
 
 
-def usage(sequence: Sequence) -> dict[str, int]:
-    prompt, completion = len(sequence.prompt_ids), sequence.completion_tokens
+def usage(sequences: list[Sequence]) -> dict[str, int]:
+    """One prompt, however many outputs (`n`) were generated for it."""
+    prompt, completion = len(sequences[0].prompt_ids), sum(s.completion_tokens for s in sequences)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -78,17 +83,20 @@ class _OpenAIGeneration(Api):
         self.model = model_name
         self.created = int(time.time())
         self.include_usage = False
-        self.started = False
-        self.tokens = TokenLog()
+        self._started: set[int] = set()  # choice indices whose first chunk went out
+        self._token_logs: dict[int, TokenLog] = {}
+        self.constraint_param = "response_format"
 
     # -- request -----------------------------------------------------------------
     def parse(self, body: dict[str, Any] | str, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
         if isinstance(body, str):
             raise InvalidRequest("the request body must be a JSON object", "body")
         req = validated(self.schema, body)
-        log_ignored(self.name, extra_fields(req))
-        if req.n not in (None, 1):
-            raise InvalidRequest(f"only n=1 is supported, got n={req.n}", "n")
+        log_ignored(self.name, [f for f in extra_fields(req) if f not in self.unsupported])
+        self._refuse_unsupported(req, body)
+        n = req.n or 1
+        if n > N_MAX:
+            raise InvalidRequest(f"n must be between 1 and {N_MAX}, got {n}", "n")
         self.model = req.model or self.model
         self.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         prompt, add_special_tokens, token_ids = self._prompt(req, tokenizer)
@@ -99,14 +107,45 @@ class _OpenAIGeneration(Api):
             prompt=prompt,
             max_new_tokens=_max_tokens(req, limits),
             sampling=_sampling(req),
-            stop=stop_strings(req.stop),
+            stop=stop_strings(req.stop, limits.max_stop_strings),
             stream=bool(req.stream),
             ignore_eos=bool(req.ignore_eos),
             add_special_tokens=add_special_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             prompt_token_ids=token_ids,
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            constraint=self._constraint(req),
+            n=n,
         )
+
+    # Fields OpenAI defines that this route cannot honour: a 400 naming them, never silently dropped.
+    # Each maps to the reason; a field is refused when present with a value other than its neutral one.
+    unsupported: ClassVar[dict[str, str]] = {}
+
+    def _refuse_unsupported(self, req: Any, body: dict[str, Any]) -> None:
+        for field, why in self.unsupported.items():
+            value = body.get(field)
+            if value is not None and not _neutral(field, value):
+                raise InvalidRequest(f"'{field}' is not supported: {why}", field)
+
+    def _constraint(self, req: Any) -> Constraint | None:
+        """The output's constraint from `response_format`; `constraint_param` names the field a
+        schema problem is blamed on."""
+        fmt = req.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            self.constraint_param = "response_format"
+            return Constraint("json_object")
+        self.constraint_param = "response_format.json_schema.schema"
+        if fmt.json_schema is None:
+            raise InvalidRequest(
+                "response_format.json_schema is required with type json_schema", "response_format.json_schema"
+            )
+        if fmt.json_schema.schema_ is None:
+            raise InvalidRequest("response_format.json_schema.schema is required", self.constraint_param)
+        return json_schema_constraint(fmt.json_schema.schema_, self.constraint_param)
 
     @abstractmethod
     def _prompt(self, req: Any, tokenizer: Any) -> tuple[str, bool, tuple[int, ...] | None]:
@@ -118,6 +157,8 @@ class _OpenAIGeneration(Api):
         """The request's `logprobs` (None: none) and whether it wants the prompt's too."""
 
     def wire_name(self, field: str) -> str:
+        if field == "constraint":
+            return self.constraint_param
         return _PARAM_NAMES.get(field, field)
 
     def content_type(self, request: GenerationRequest) -> str:
@@ -145,23 +186,47 @@ class _OpenAIGeneration(Api):
     @abstractmethod
     def _whole_choice(self, sequence: Sequence, text: str, finish_reason: str) -> dict[str, Any]: ...
 
+    @property
+    def started(self) -> bool:
+        """Some chunk went out (an error now goes in-band)."""
+        return bool(self._started)
+
+    def choice_started(self, sequence: Sequence) -> bool:
+        return sequence.choice_index in self._started
+
+    def tokens(self, sequence: Sequence) -> TokenLog:
+        """The logprobs already sent for this choice."""
+        return self._token_logs.setdefault(sequence.choice_index, TokenLog())
+
     def chunk(self, sequence: Sequence, delta: str) -> str:
         event = self._event(sequence, self._stream_choice(sequence, delta, None))
-        self.started = True
+        self._started.add(sequence.choice_index)
         return event
 
     def final(self, sequence: Sequence) -> str:
-        reason = _FINISH_REASONS[sequence.finish_reason]
         if not sequence.request.stream:
-            choice = self._whole_choice(sequence, sequence.full_text, reason)
-            body = self._envelope(sequence, self.object_name, [choice])
-            body["usage"] = usage(sequence)
+            return self.close([sequence])
+        return self.finish(sequence) + self.close([sequence])
+
+    def finish(self, sequence: Sequence) -> str:
+        """Streaming: the chunk that ends one choice (its finish_reason)."""
+        event = self._event(sequence, self._stream_choice(sequence, "", _FINISH_REASONS[sequence.finish_reason]))
+        self._started.add(sequence.choice_index)
+        return event
+
+    def close(self, sequences: list[Sequence]) -> str:
+        """Once every choice ended. Streaming: the usage chunk (when asked) and `[DONE]`.
+        Non-streaming: the whole body, one choice per sequence."""
+        first = sequences[0]
+        if not first.request.stream:
+            choices = [self._whole_choice(s, s.full_text, _FINISH_REASONS[s.finish_reason]) for s in sequences]
+            body = self._envelope(first, self.object_name, choices)
+            body["usage"] = usage(sequences)
             return compact_json(body)
-        out = self._event(sequence, self._stream_choice(sequence, "", reason))
-        self.started = True
+        out = ""
         if self.include_usage:
-            body = self._envelope(sequence, self.chunk_object_name, [])
-            body["usage"] = usage(sequence)
+            body = self._envelope(first, self.chunk_object_name, [])
+            body["usage"] = usage(sequences)
             out += sse(body)
         return out + DONE
 
@@ -177,6 +242,10 @@ class CompletionsApi(_OpenAIGeneration):
     object_name = "text_completion"
     chunk_object_name = "text_completion"
     prompt_param = "prompt"
+    unsupported: ClassVar[dict[str, str]] = {
+        "best_of": "only best_of=1; ask for n outputs instead",
+        "suffix": "this server does not insert text (no fill-in-the-middle)",
+    }
 
     def __init__(self, model_name: str) -> None:
         super().__init__(model_name)
@@ -209,19 +278,19 @@ class CompletionsApi(_OpenAIGeneration):
         if sequence.request.logprobs is None:
             return None
         echo_offset = len(sequence.request.prompt) if self.echo else 0
-        tokens = self.tokens.take(sequence, text_sent=sent, with_prompt=self.echo, echo_offset=echo_offset)
+        tokens = self.tokens(sequence).take(sequence, text_sent=sent, with_prompt=self.echo, echo_offset=echo_offset)
         return legacy_logprobs(tokens)
 
     def _stream_choice(self, sequence: Sequence, text: str, finish_reason: str | None) -> dict[str, Any]:
-        text = self._text(sequence, text, not self.started)
-        sent = self.tokens.sent(text)
+        text = self._text(sequence, text, not self.choice_started(sequence))
+        sent = self.tokens(sequence).sent(text)
         logprobs = self._legacy_logprobs(sequence, None if finish_reason is not None else sent)
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": sequence.choice_index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _whole_choice(self, sequence: Sequence, text: str, finish_reason: str) -> dict[str, Any]:
         text = self._text(sequence, text, True)
         logprobs = self._legacy_logprobs(sequence, None)
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": sequence.choice_index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class ChatCompletionsApi(_OpenAIGeneration):
@@ -231,6 +300,14 @@ class ChatCompletionsApi(_OpenAIGeneration):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
     prompt_param = "messages"
+    unsupported: ClassVar[dict[str, str]] = {
+        "audio": "this server generates text only",
+        "modalities": "this server generates text only",
+        "prediction": "predicted outputs are not supported",
+        "web_search_options": "this server has no web search",
+        "functions": "the deprecated functions field is not supported; send tools",
+        "function_call": "the deprecated function_call field is not supported; send tool_choice",
+    }
 
     def _prompt(self, req: ChatCompletionRequest, tokenizer: Any) -> tuple[str, bool, tuple[int, ...] | None]:
         return render_chat(tokenizer, req.template_messages()), False, None
@@ -243,7 +320,7 @@ class ChatCompletionsApi(_OpenAIGeneration):
     def _chat_logprobs(self, sequence: Sequence, sent: int | None) -> dict[str, Any] | None:
         if sequence.request.logprobs is None:
             return None
-        tokens = self.tokens.take(sequence, text_sent=sent, with_prompt=False, include_chosen=False)
+        tokens = self.tokens(sequence).take(sequence, text_sent=sent, with_prompt=False, include_chosen=False)
         ends_at_eos = not sequence.request.ignore_eos
         content = [
             chat_token(t) for t in tokens if not (ends_at_eos and t.token_id in sequence.eos_token_ids)
@@ -251,17 +328,23 @@ class ChatCompletionsApi(_OpenAIGeneration):
         return {"content": content}
 
     def _stream_choice(self, sequence: Sequence, text: str, finish_reason: str | None) -> dict[str, Any]:
-        delta: dict[str, Any] = {} if self.started else {"role": "assistant"}
-        if text or not self.started or finish_reason is None:
+        started = self.choice_started(sequence)
+        delta: dict[str, Any] = {} if started else {"role": "assistant"}
+        if text or not started or finish_reason is None:
             delta["content"] = text
-        sent = self.tokens.sent(text)
+        sent = self.tokens(sequence).sent(text)
         logprobs = self._chat_logprobs(sequence, None if finish_reason is not None else sent)
-        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": sequence.choice_index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _whole_choice(self, sequence: Sequence, text: str, finish_reason: str) -> dict[str, Any]:
         message = {"role": "assistant", "content": text}
         logprobs = self._chat_logprobs(sequence, None)
-        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {
+            "index": sequence.choice_index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
 
 
 class ModelsApi(Api):
@@ -332,7 +415,29 @@ def _max_tokens(req: Any, limits: Limits) -> int:
 
 
 def _sampling(req: Any) -> SamplingParams:
-    """OpenAI defaults: temperature 1 (sampling); temperature 0 is greedy."""
+    """OpenAI defaults: temperature 1 (sampling); temperature 0 is greedy. `top_k` -1 or 0 is off
+    (vLLM's spelling)."""
     temperature = 1.0 if req.temperature is None else float(req.temperature)
     top_p = 1.0 if req.top_p is None else float(req.top_p)
-    return SamplingParams(do_sample=temperature > 0, temperature=temperature, top_p=top_p, seed=req.seed)
+    return SamplingParams(
+        do_sample=temperature > 0,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(req.top_k or 0, 0),
+        repetition_penalty=1.0 if req.repetition_penalty is None else float(req.repetition_penalty),
+        seed=req.seed,
+        presence_penalty=penalty(req.presence_penalty, "presence_penalty"),
+        frequency_penalty=penalty(req.frequency_penalty, "frequency_penalty"),
+        logit_bias=logit_bias(req.logit_bias),
+        min_tokens=req.min_tokens or 0,
+    )
+
+
+def _neutral(field: str, value: Any) -> bool:
+    """A refused field sent with the value that asks for nothing (`best_of: 1`, `suffix: ""`,
+    `modalities: ["text"]`, `functions: []`)."""
+    if field == "best_of":
+        return value == 1
+    if field == "modalities":
+        return value == ["text"]
+    return value in ("", [], {}, False)

@@ -1,8 +1,10 @@
 """Pydantic models of the OpenAI request bodies this server accepts.
 
-Only the fields that change what is generated are modelled; any other field
-(`user`, `logit_bias`, `presence_penalty`, ...) is kept in `model_extra`, logged once
-and ignored, as the OpenAI API reference allows a server to do for knobs it lacks.
+The fields that change what is generated are modelled (plus vLLM's extensions `top_k`,
+`repetition_penalty`, `min_tokens`, `stop_token_ids`, `ignore_eos`). A field OpenAI defines that
+this server cannot honour is modelled too, so the route can refuse it by name
+(handler/api/openai.py `UNSUPPORTED`); any other field (`user`, `store`, `metadata`, ...) is
+kept in `model_extra`, logged once and ignored, as the OpenAI API reference allows.
 """
 
 from __future__ import annotations
@@ -18,6 +20,24 @@ class StreamOptions(Lenient):
     include_usage: StrictBool = False
 
 
+Number = StrictFloat | StrictInt
+
+
+class JsonSchemaFormat(Lenient):
+    """`response_format.json_schema`: `schema` is what the output must validate against (always
+    enforced: `strict` is accepted and changes nothing)."""
+
+    name: StrictStr = Field(min_length=1)
+    schema_: Any = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+    description: StrictStr | None = None
+
+
+class ResponseFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _Common(Lenient):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -30,8 +50,17 @@ class _Common(Lenient):
     seed: StrictInt | None = Field(default=None, ge=0, lt=2**63)
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    n: StrictInt | None = 1
+    n: StrictInt | None = Field(default=1, ge=1)
     ignore_eos: StrictBool | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    logit_bias: dict[StrictStr, Number] | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's extensions, which OpenAI clients send through `extra_body`.
+    top_k: StrictInt | None = Field(default=None, ge=-1)
+    repetition_penalty: Number | None = Field(default=None, gt=0)
+    min_tokens: StrictInt | None = Field(default=None, ge=0)
+    stop_token_ids: list[StrictInt] | None = None
 
 
 class CompletionRequest(_Common):
@@ -40,6 +69,8 @@ class CompletionRequest(_Common):
 
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     echo: StrictBool | None = None
+    best_of: StrictInt | None = None
+    suffix: StrictStr | None = None
     # OpenAI's legacy logprobs: the chosen token's and up to 5 alternatives per position.
     logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
 

@@ -53,7 +53,8 @@ class GenerationService:
     def __init__(self, config: ServingConfig, backend: Backend | ReplicatedModel) -> None:
         self.config = config
         self.backend = backend
-        self.limits = Limits(config.handler.default_max_new_tokens, config.handler.max_new_tokens)
+        handler = config.handler
+        self.limits = Limits(handler.default_max_new_tokens, handler.max_new_tokens, handler.max_stop_strings)
         self.token_metrics = TokenMetrics(backend.n_slots)
 
     @classmethod

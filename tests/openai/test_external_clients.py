@@ -95,7 +95,7 @@ def test_openai_client_lists_models(client: openai.OpenAI, server):
 
 def test_openai_client_reads_errors(client: openai.OpenAI, server):
     with pytest.raises(openai.BadRequestError) as excinfo:
-        client.completions.create(model=server.model_name, prompt="x", n=2)
+        client.completions.create(model=server.model_name, prompt="x", n=9)
     assert excinfo.value.status_code == 400
     assert excinfo.value.body["param"] == "n"
 

@@ -120,14 +120,14 @@ def test_chat_non_streaming_uses_the_tokenizers_own_template(call, served, tiny_
 @pytest.mark.parametrize(
     ("route", "body", "param"),
     [
-        (COMPLETIONS, {"prompt": "x", "n": 2}, "n"),
+        (COMPLETIONS, {"prompt": "x", "n": 9}, "n"),
         (COMPLETIONS, {"prompt": ["a", "b"]}, "prompt"),
         (COMPLETIONS, {"prompt": [1, 2, 10**6]}, "prompt"),  # a token id outside the vocabulary
         (COMPLETIONS, {"prompt": [[1, 2], [3]]}, "prompt"),
         (COMPLETIONS, {"max_tokens": 3}, "prompt"),
         (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, "max_tokens"),
         (COMPLETIONS, {"prompt": "x", "temperature": 3}, "temperature"),
-        (COMPLETIONS, {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        (COMPLETIONS, {"prompt": "x", "stop": [str(i) for i in range(17)]}, "stop"),
         (COMPLETIONS, {"prompt": "word " * 100}, "prompt"),
         (COMPLETIONS, {"prompt": "word " * 60, "max_tokens": 100}, "max_tokens"),
         (COMPLETIONS, "just text", "body"),
@@ -157,7 +157,7 @@ def test_unknown_fields_are_ignored(call):
 
 def test_bad_request_fails_alone_in_its_batch(call):
     good = {"prompt": "Once upon a time", "max_tokens": 5, "stream": True}
-    bad, ok, native = call((COMPLETIONS, {"prompt": "x", "n": 3}), (COMPLETIONS, good), ("", {"prompt": "hi"}))
+    bad, ok, native = call((COMPLETIONS, {"prompt": "x", "n": 9}), (COMPLETIONS, good), ("", {"prompt": "hi"}))
     assert (bad.status, ok.status, native.status) == (400, 200, 200)
     assert reply_events(ok)[-1] == DONE
     assert native.content_type == "application/x-ndjson"

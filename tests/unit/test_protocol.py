@@ -88,7 +88,7 @@ def test_unknown_fields_are_ignored():
         ({"prompt": "Hi", "top_p": 1.5}, "top_p"),
         ({"prompt": "Hi", "top_k": -1}, "top_k"),
         ({"prompt": "Hi", "repetition_penalty": 0}, "repetition_penalty"),
-        ({"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"prompt": "Hi", "stop": [str(i) for i in range(17)]}, "stop"),
         ({"prompt": "Hi", "stop": [""]}, "stop"),
         ({"prompt": "Hi", "stop": ["a", 1]}, "stop"),
         ({"prompt": "Hi", "stream": "yes"}, "stream"),

@@ -113,7 +113,7 @@ def test_decoder_input_details_asks_for_prompt_logprobs():
         ({"top_p": 1.0}, {}, "`top_p` must be > 0.0 and < 1.0"),
         ({"max_new_tokens": 0}, {}, "`max_new_tokens` must be strictly positive"),
         ({"max_new_tokens": 101}, {}, "`max_new_tokens` must be <= 100"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, {}, "up to 4 stop sequences"),
+        ({"stop": [str(i) for i in range(17)]}, {}, "up to 16 stop sequences"),
         ({"top_n_tokens": 6}, {}, "`top_n_tokens` must be >= 0 and <= 5"),
         ({"watermark": True}, {}, "`watermark` is not supported"),
         ({"best_of": 2}, {}, "`best_of` is not supported"),
