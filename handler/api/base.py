@@ -46,6 +46,15 @@ class Api(ABC):
     def final(self, sequence: Sequence) -> str:
         """Streaming: what closes the stream. Non-streaming: the whole response body."""
 
+    def finish(self, sequence: Sequence) -> str:
+        """Streaming, several outputs per request (OpenAI `n`): the chunk that ends one of them.
+        Only a route that parses `n` gets here."""
+        raise NotImplementedError(f"{self.name} serves one output per request")
+
+    def close(self, sequences: list[Sequence]) -> str:
+        """Several outputs: once all ended, what closes the stream, or the whole body."""
+        raise NotImplementedError(f"{self.name} serves one output per request")
+
     @abstractmethod
     def error(self, error: ServingError, midstream: bool) -> str:
         """The error body; `midstream` when a 200 and some chunks are already on the wire."""

@@ -40,17 +40,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from handler.api.native import NativeApi
+from handler.engine.sequence import Sequence
 from handler.engine.step_engine import StepEngine, Update
 from handler.errors import EngineError, ServingError
 from handler.replicas.model import ReplicatedModel
 from handler.replicas.replica_set import Health, ReplicaSet, ReplicaStartError
 from handler.serving import drain
 from handler.serving.init_failure import FailedServing
-from handler.serving.replies import AnsweredInFull, error_reply
+from handler.serving.replies import AnsweredInFull, error_reply, set_content_type
 from handler.serving.service import GenerationService, Work
 from handler.serving.state import clear_replica_health, state_dir, write_replica_health
 from handler.serving.ts_compat import ONE_SHOT_REPLIES
@@ -70,6 +71,11 @@ class _Tracked:
     opened: bool = False  # a reply with ts_stream_next went out: status and headers are on the wire
     closing: bool = False  # 0.11: the whole answer went out; the next call ends the stream
     stash: _Reply | None = None  # 0.11: a reply held back while a call carried only error responses
+    ended: set[int] = field(default_factory=set)  # n > 1: the choices whose last update was taken
+
+    @property
+    def sequence_ids(self) -> list[str]:
+        return [s.request_id for s in self.work.sequences]
 
 
 @dataclass
@@ -154,7 +160,7 @@ class ContinuousServing:
             logger.error("a model step has been running for %.0f s (step_timeout_s %.0f)", stuck, self.step_timeout_s)
             self._fail_all(context, replies, EngineError(f"the model did not finish a step within {stuck:.0f} s"))
             return
-        updates = self.engine.take(r for r in ids.values() if r in self._tracked)
+        updates = self.engine.take(s for r in ids.values() if r in self._tracked for s in self._tracked[r].sequence_ids)
         planned: dict[int, _Reply] = {}
         for index, request_id in ids.items():
             if request_id in self._answered:  # 0.11 kept a job we answered in full: end it
@@ -162,7 +168,7 @@ class ContinuousServing:
                 continue
             tracked = self._tracked[request_id]
             tracked.work.index = index  # its place in this call, not in the first
-            reply = _merge(tracked, self._reply_for(tracked, updates.get(request_id), context))
+            reply = _merge(tracked, self._reply_for(tracked, updates, context))
             if reply is not None:
                 planned[index] = reply
         self._send(context, ids, planned, replies)
@@ -213,8 +219,8 @@ class ContinuousServing:
             refusal = self._failed.error
         work = self.service.prepare(index, row, context, refusal)
         self._tracked[request_id] = _Tracked(work)
-        if work.sequence is not None:
-            self.engine.submit(work.sequence)
+        for sequence in work.sequences:
+            self.engine.submit(sequence)
 
     def _cancel(self, context: Any, request_id: str) -> None:
         if self._answered.end(request_id):
@@ -222,7 +228,8 @@ class ContinuousServing:
         tracked = self._tracked.pop(request_id)
         if tracked.closing:
             return  # it ended normally; 0.11 just dropped our closing reply
-        self.engine.abort(request_id)
+        for sequence_id in tracked.sequence_ids:
+            self.engine.abort(sequence_id)
         self.metrics.cancelled(context)
 
     # -- what to send ------------------------------------------------------------------
@@ -232,7 +239,7 @@ class ContinuousServing:
         work = tracked.work
         return tracked.closing or tracked.stash is not None or work.error is not None or work.reply is not None
 
-    def _reply_for(self, tracked: _Tracked, update: Update | None, context: Any) -> _Reply | None:
+    def _reply_for(self, tracked: _Tracked, updates: dict[str, Update], context: Any) -> _Reply | None:
         work = tracked.work
         index = work.index
         if tracked.closing:
@@ -242,10 +249,14 @@ class ContinuousServing:
             return _Reply(work.reply, end=True)
         if work.error is not None:
             return self._error_reply(tracked, work.error, context)
+        if len(work.sequences) > 1:
+            news = [updates[s.request_id] for s in work.sequences if s.request_id in updates]
+            return self._reply_for_choices(tracked, news, context)
+        update = updates.get(work.request_id)
         if update is None:
             return None
         sequence = update.sequence
-        context.set_response_content_type(index, work.api.content_type(sequence.request))
+        set_content_type(context, index, work.api.content_type(sequence.request))
         if sequence.error is not None:
             if not sequence.request.stream:
                 return self._error_reply(tracked, sequence.error, context)
@@ -265,14 +276,45 @@ class ContinuousServing:
             return _Reply(body + work.api.final(sequence), end=True)
         return _Reply(body, end=False) if body else None
 
+    def _reply_for_choices(self, tracked: _Tracked, news: list[Update], context: Any) -> _Reply | None:
+        """A request with several outputs (OpenAI `n`): each choice's chunks and its own last chunk as
+        it ends; the response ends when every choice has. One choice failing fails the request."""
+        work = tracked.work
+        if not news:
+            return None
+        set_content_type(context, work.index, work.api.content_type(work.sequence.request))
+        failed = next((u.sequence for u in news if u.sequence.error is not None), None)
+        stream = work.sequence.request.stream
+        body = ""
+        if stream:
+            for update in news:
+                if update.text:
+                    body += work.api.chunk(update.sequence, update.text)
+                if update.ended and failed is None:
+                    body += work.api.finish(update.sequence)
+        if failed is not None:
+            for sequence_id in tracked.sequence_ids:
+                self.engine.abort(sequence_id)
+            if stream and (tracked.opened or body):
+                logger.info("request %s failed mid-stream: %s", work.request_id, failed.error.message)
+                return _Reply(body + work.api.error(failed.error, midstream=True), end=True)
+            return self._error_reply(tracked, failed.error, context)
+        tracked.ended.update(u.sequence.choice_index for u in news if u.ended)
+        if len(tracked.ended) == len(work.sequences):
+            for sequence in work.sequences:
+                self._finished(work, context, sequence)
+            return _Reply(body + work.api.close(work.sequences), end=True)
+        return _Reply(body, end=False) if body else None
+
     def _error_reply(self, tracked: _Tracked, error: ServingError, context: Any) -> _Reply:
         work = tracked.work
         logger.info("request %s failed: %s %s", work.request_id, error.status, error.message)
         return _Reply(error_reply(context, work.index, work.api, error), end=True, plain_error=True)
 
-    def _finished(self, work: Work, context: Any) -> None:
-        self.service.log_request(work)
-        self.metrics.request_finished(context, work.sequence)
+    def _finished(self, work: Work, context: Any, sequence: Sequence | None = None) -> None:
+        sequence = sequence or work.sequence
+        self.service.log_request(work, sequence)
+        self.metrics.request_finished(context, sequence)
 
     def _ending(self, request_id: str, reply: _Reply) -> bool | None:
         """The stopping criterion for this reply: False continue, True last chunk, None one plain response."""
@@ -305,8 +347,8 @@ class ContinuousServing:
                     tracked = self._tracked[request_id] = _Tracked(Work(index, request_id, NativeApi()))
                 tracked.work.index = index
                 tracked.stash = None
-                if tracked.work.sequence is not None:
-                    self.engine.abort(request_id)
+                for sequence_id in tracked.sequence_ids:
+                    self.engine.abort(sequence_id)
                 if tracked.closing:
                     planned[index] = _Reply("", end=True)
                 elif tracked.opened:

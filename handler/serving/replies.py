@@ -18,6 +18,20 @@ def error_reply(context: Any, index: int, api: Api, error: ServingError) -> str:
     return api.error(error, midstream=False)
 
 
+STREAMED_TYPES = ("text/event-stream", "application/x-ndjson")
+# A proxy must pass every chunk on as it comes: nginx buffers a response unless told not to
+# (X-Accel-Buffering), and no cache may hold a stream back (Cache-Control).
+STREAM_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
+
+
+def set_content_type(context: Any, index: int, content_type: str) -> None:
+    """The response's content type, and for a stream the headers that keep proxies from buffering it."""
+    context.set_response_content_type(index, content_type)
+    if content_type in STREAMED_TYPES:
+        for name, value in STREAM_HEADERS.items():
+            context.set_response_header(index, name, value)
+
+
 class AnsweredInFull:
     """Continuous jobs answered with one plain response under TorchServe 0.11, which keeps such a
     job in the batch and re-sends it: the next call ends it with an empty last chunk (0.12 drops

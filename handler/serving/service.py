@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from handler import failpoints
@@ -22,6 +22,7 @@ from handler.backends.loader import load_backend
 from handler.config import ServingConfig
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, InvalidRequest, ServingError
+from handler.grammar.grammars import grammar_problem
 from handler.replicas.model import ReplicatedModel, start_replicas
 from handler.request import GenerationRequest, Limits
 from handler.serving.metrics import TokenMetrics, arrival_time
@@ -36,7 +37,8 @@ class Work:
     index: int
     request_id: str
     api: Api
-    sequence: Sequence | None = None
+    sequence: Sequence | None = None  # the first (or only) output
+    sequences: list[Sequence] = field(default_factory=list)  # every output (OpenAI `n`), `sequence` first
     error: ServingError | None = None
     chunks_sent: int = 0
     final_sent: bool = False  # a streamed request's closing chunk went out as soon as it finished
@@ -101,6 +103,7 @@ class GenerationService:
             request = work.api.parse(body, self.limits, self.backend.tokenizer)
             self._check_logprobs(request, work.api)
             self._check_sampling(request, work.api)
+            self._check_output_rules(request, work.api)
             if request.prompt_token_ids is not None:
                 prompt_ids = self._checked_token_ids(request.prompt_token_ids)
                 if not request.prompt:  # the text an echo repeats, and what logs and stop strings see
@@ -109,14 +112,19 @@ class GenerationService:
             else:  # a rendered chat template already holds its special tokens
                 prompt_ids = self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
             self._check_length(request, len(prompt_ids), work.api)
-            work.sequence = Sequence(
-                request,
-                prompt_ids,
-                self.backend.tokenizer,
-                self.backend.eos_token_ids,
-                work.request_id,
-                received_at=work.arrived_at,  # TTFT and queue wait count from receipt, before parsing
-            )
+            work.sequences = [
+                Sequence(
+                    choice_request(request, i),
+                    list(prompt_ids),
+                    self.backend.tokenizer,
+                    self.backend.eos_token_ids,
+                    work.request_id if i == 0 else f"{work.request_id}/{i}",
+                    received_at=work.arrived_at,  # TTFT and queue wait count from receipt, before parsing
+                    choice_index=i,
+                )
+                for i in range(request.n)
+            ]
+            work.sequence = work.sequences[0]
         except ServingError as exc:
             work.error = exc
         except Exception as exc:
@@ -141,6 +149,30 @@ class GenerationService:
             field, why = refusal
             param = api.wire_name(field)
             raise InvalidRequest(f"'{param}' cannot be served: {why}", param)
+
+    def _check_output_rules(self, request: GenerationRequest, api: Api) -> None:
+        """What the output may hold: token ids the request names are in the vocabulary, a constraint
+        compiles (the grammar engine's reason is the 400's), `n` > 1 has continuous batching."""
+        vocab = self.backend.vocab_size or len(self.backend.tokenizer)
+        for field_name, ids in (
+            ("logit_bias", [t for t, _ in request.sampling.logit_bias]),
+            ("stop_token_ids", list(request.stop_token_ids)),
+        ):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                param = api.wire_name(field_name)
+                raise InvalidRequest(f"{param}: token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})", param)
+        if request.constraint is not None:
+            param = api.wire_name("constraint")
+            if request.ignore_eos:
+                raise InvalidRequest(
+                    f"ignore_eos cannot be combined with {param}: a complete output ends with EOS", "ignore_eos"
+                )
+            problem = grammar_problem(request.constraint)
+            if problem is not None:
+                raise InvalidRequest(f"{param} cannot be enforced: {problem}", param)
+        if request.n > 1 and self.config.scheduler.mode != "continuous":
+            raise InvalidRequest("n > 1 needs scheduler.mode continuous; send n separate requests", api.wire_name("n"))
 
     def _checked_token_ids(self, token_ids: tuple[int, ...]) -> list[int]:
         """A prompt given as token ids, used as is: no re-tokenizing, no special tokens added."""
@@ -171,13 +203,13 @@ class GenerationService:
                 "prompt",
             )
 
-    def log_request(self, work: Work) -> None:
-        s = work.sequence
+    def log_request(self, work: Work, sequence: Sequence | None = None) -> None:
+        s = sequence or work.sequence
         ttft = (s.first_token_at - s.received_at) * 1000 if s.first_token_at else float("nan")
         total = ((s.last_token_at or s.received_at) - s.received_at) * 1000
         logger.info(
             "request %s: prompt_tokens=%d completion_tokens=%d ttft_ms=%.1f total_ms=%.1f finish_reason=%s",
-            work.request_id,
+            s.request_id,
             len(s.prompt_ids),
             s.completion_tokens,
             ttft,
@@ -187,6 +219,14 @@ class GenerationService:
 
     def close(self) -> None:
         self.backend.close()
+
+
+def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:
+    """Output `index` of a request with `n` outputs: the same request, seeded with seed + index."""
+    seed = request.sampling.seed
+    if index == 0 or seed is None:
+        return request
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=(seed + index) % 2**63))
 
 
 def worker_of(context: Any) -> tuple[int | None, int]:

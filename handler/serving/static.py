@@ -25,7 +25,7 @@ from handler.engine.micro_batch import MicroBatchEngine
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, ServingError
 from handler.serving import drain
-from handler.serving.replies import error_reply
+from handler.serving.replies import error_reply, set_content_type
 from handler.serving.service import GenerationService, Work
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class StaticServing:
         by_sequence = {id(w.sequence): w for w in runnable}
         self.service.token_metrics.micro_batch_started(context, [w.arrived_at for w in runnable])
         for w in runnable:
-            context.set_response_content_type(w.index, w.api.content_type(w.sequence.request))
+            set_content_type(context, w.index, w.api.content_type(w.sequence.request))
 
         def on_text(sequence: Sequence, delta: str) -> None:
             if sequence.request.stream:

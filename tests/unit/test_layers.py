@@ -42,6 +42,19 @@ RULES = [
         ("handler.config", "handler.backends", "handler.serving"),
         "the SDK-free neuron/ takes plain values",
     ),
+    (
+        ("handler.grammar",),
+        (
+            "handler.api",
+            "handler.serving",
+            "handler.config",
+            "handler.engine",
+            "handler.backends",
+            "handler.replicas",
+            "handler.neuron",
+        ),
+        "grammars know tokenizers and token ids: no wire, no backend, no config",
+    ),
     (("handler.request", "handler.errors", "handler.failpoints"), ("handler",), "the domain types stand alone"),
 ]
 
