@@ -145,6 +145,28 @@ def json_schema_constraint(schema: Any, param: str) -> Constraint:
     return Constraint("json_schema", canonical_json(schema))
 
 
+def grammar_constraint(grammar: Any, param: str = "grammar") -> Constraint:
+    """TGI's `grammar` object: `{"type": "json", "value": <schema (or its JSON text)>}`,
+    `{"type": "json_schema", "value": {"name", "schema"}}` or `{"type": "regex", "value": <regex>}`."""
+    if not isinstance(grammar, dict) or "type" not in grammar or "value" not in grammar:
+        raise InvalidRequest(f'{param} must be an object {{"type": "json" | "regex", "value": ...}}', param)
+    kind, value = grammar["type"], grammar["value"]
+    if kind == "regex":
+        if not isinstance(value, str) or not value:
+            raise InvalidRequest(f"{param}.value must be a non-empty regular expression", param)
+        return Constraint("regex", value)
+    if kind == "json_schema" and isinstance(value, dict) and "schema" in value:
+        value = value["schema"]
+    elif kind == "json" and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"{param}.value is not valid JSON: {exc.msg}", param) from None
+    elif kind not in ("json", "json_schema"):
+        raise InvalidRequest(f"{param}.type must be json, json_schema or regex, got {kind!r}", param)
+    return json_schema_constraint(value, param)
+
+
 def logit_bias(bias: dict[str, float] | None, param: str = "logit_bias") -> tuple[tuple[int, float], ...]:
     """OpenAI's {"token id": bias} map, biases in [-100, 100] (whether the ids are in the vocabulary
     is checked on receipt, where the vocabulary is known)."""

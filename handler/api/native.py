@@ -19,7 +19,17 @@ import math
 from typing import Any
 
 from handler.api.base import Api
-from handler.api.common import checked_max_new_tokens, dotted, extra_fields, log_ignored, stop_strings, validated
+from handler.api.common import (
+    checked_max_new_tokens,
+    dotted,
+    extra_fields,
+    grammar_constraint,
+    log_ignored,
+    logit_bias,
+    penalty,
+    stop_strings,
+    validated,
+)
 from handler.api.logprobs import TokenLog, native_token
 from handler.api.native_schemas import GenerationParameters, HuggingFaceRequest, NativeRequest
 from handler.engine.sequence import Sequence
@@ -90,6 +100,8 @@ def _build(prompt: str, params: GenerationParameters, stream: bool | None, limit
         ignore_eos=bool(params.ignore_eos),
         logprobs=params.logprobs,
         prompt_logprobs=bool(params.prompt_logprobs or params.echo),
+        stop_token_ids=tuple(params.stop_token_ids or ()),
+        constraint=None if params.grammar is None else grammar_constraint(params.grammar),
     )
 
 
@@ -112,6 +124,10 @@ def _sampling(params: GenerationParameters) -> SamplingParams:
         top_p=1.0 if params.top_p is None else float(params.top_p),
         repetition_penalty=1.0 if params.repetition_penalty is None else float(params.repetition_penalty),
         seed=params.seed,
+        presence_penalty=penalty(params.presence_penalty, "presence_penalty"),
+        frequency_penalty=penalty(params.frequency_penalty, "frequency_penalty"),
+        logit_bias=logit_bias(params.logit_bias),
+        min_tokens=params.min_tokens or 0,
     )
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from handler.api.common import MAX_LOGPROBS, Lenient
@@ -26,6 +28,14 @@ class GenerationParameters(Lenient):
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     prompt_logprobs: StrictBool | None = None
     echo: StrictBool | None = None
+    # As OpenAI's: presence / frequency penalties in [-2, 2], logit_bias {"token id": bias}.
+    presence_penalty: StrictFloat | StrictInt | None = None
+    frequency_penalty: StrictFloat | StrictInt | None = None
+    logit_bias: dict[StrictStr, StrictFloat | StrictInt] | None = None
+    min_tokens: StrictInt | None = Field(default=None, ge=0)
+    stop_token_ids: list[StrictInt] | None = None
+    # As TGI's: {"type": "json" | "json_schema" | "regex", "value": ...}.
+    grammar: Any = None
 
 
 class NativeRequest(GenerationParameters):

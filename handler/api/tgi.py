@@ -36,11 +36,13 @@ from handler.api.common import (
     compact_json,
     dotted,
     extra_fields,
+    grammar_constraint,
     log_ignored,
     sse,
     stop_strings,
     validated,
 )
+from handler.api.common import penalty as penalty_value
 from handler.api.tgi_schemas import TgiParameters, TgiRequest
 from handler.engine.sequence import FinishReason, Sequence
 from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError
@@ -52,7 +54,8 @@ SSE = "text/event-stream"
 JSON = "application/json"
 MAX_TOP_N_TOKENS = 5  # TGI's default --max-top-n-tokens
 SEED_LIMIT = 2**63
-SAMPLING_FIELDS = ("seed", "repetition_penalty", "top_k", "top_p", "temperature")  # named parameters.<field>
+# Named parameters.<field> in a backend's refusal.
+SAMPLING_FIELDS = ("seed", "repetition_penalty", "top_k", "top_p", "temperature", "frequency_penalty", "grammar")
 
 FINISH_REASONS = {FinishReason.EOS: "eos_token", FinishReason.LENGTH: "length", FinishReason.STOP: "stop_sequence"}
 
@@ -127,6 +130,7 @@ class TgiApi(Api):
             ignore_eos=bool(params.ignore_eos),
             logprobs=self.top_n if wants_logprobs else None,
             prompt_logprobs=self.prefill_details,
+            constraint=None if params.grammar is None else grammar_constraint(params.grammar),
         )
 
     def content_type(self, request: GenerationRequest) -> str:
@@ -181,6 +185,8 @@ class TgiApi(Api):
             return "parameters.top_n_tokens" if self.top_n > 0 else "parameters.details"
         if field == "prompt_logprobs":
             return "parameters.decoder_input_details"
+        if field == "constraint":
+            field = "grammar"
         return f"parameters.{field}" if field in SAMPLING_FIELDS else field
 
     def http_status(self, error: ServingError) -> tuple[int, str]:
@@ -272,14 +278,10 @@ def _refuse_unsupported(params: TgiParameters, stream: bool) -> None:
         raise _unsupported("best_of", " (only best_of=1)")
     if params.truncate is not None:
         raise _unsupported("truncate", "; send a prompt that fits")
-    if params.grammar is not None:
-        raise _unsupported("grammar")
     if params.adapter_id is not None:
         raise _unsupported("adapter_id")
     if params.typical_p is not None:
         raise _unsupported("typical_p")
-    if params.frequency_penalty not in (None, 0):
-        raise _unsupported("frequency_penalty", "; use repetition_penalty")
     if stream and params.decoder_input_details:
         raise InvalidRequest("`decoder_input_details` == true is not supported when streaming tokens", "stream")
 
@@ -324,6 +326,7 @@ def _sampling(params: TgiParameters) -> SamplingParams:
         repetition_penalty=1.0 if penalty is None else penalty,
         seed=seed,
         seed_from_client=params.seed is not None,
+        frequency_penalty=penalty_value(_finite(params.frequency_penalty, "frequency_penalty"), "frequency_penalty"),
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 from handler.api.tgi import TgiApi
 from handler.engine.sequence import FinishReason, Sequence
 from handler.errors import EngineError, InvalidRequest, ServiceUnavailable
-from handler.request import Limits, PromptTokenLogprob, TokenChoice
+from handler.request import Constraint, Limits, PromptTokenLogprob, TokenChoice
 
 LIMITS = Limits(default_max_new_tokens=16, max_new_tokens=100)
 EOS = 0
@@ -119,9 +119,12 @@ def test_decoder_input_details_asks_for_prompt_logprobs():
         ({"best_of": 2}, {}, "`best_of` is not supported"),
         ({"truncate": 10}, {}, "`truncate` is not supported"),
         ({"typical_p": 0.5}, {}, "`typical_p` is not supported"),
-        ({"grammar": {"type": "json", "value": {}}}, {}, "`grammar` is not supported"),
+        ({"grammar": {"type": "yaml", "value": {}}}, {}, "grammar.type must be json, json_schema or regex"),
+        ({"grammar": {"type": "json", "value": [1]}}, {}, "grammar must be a JSON Schema object"),
+        ({"grammar": {"type": "regex", "value": ""}}, {}, "grammar.value must be a non-empty regular expression"),
+        ({"grammar": "json"}, {}, "grammar must be an object"),
+        ({"frequency_penalty": 2.5}, {}, "frequency_penalty must be between -2 and 2"),
         ({"adapter_id": "x"}, {}, "`adapter_id` is not supported"),
-        ({"frequency_penalty": 0.5}, {}, "`frequency_penalty` is not supported"),
         ({"decoder_input_details": True}, {"stream": True}, "not supported when streaming"),
         ({"temperature": "hot"}, {}, "`temperature`"),
         ({}, {"inputs": " "}, "`inputs` cannot be empty"),
@@ -142,6 +145,28 @@ def test_neutral_values_of_unsupported_knobs_are_accepted():
     assert api.details is False
     with pytest.raises(InvalidRequest):  # while a non-neutral value of the same knob is refused
         parse({**neutral, "best_of": 2})
+
+
+@pytest.mark.parametrize(
+    ("grammar", "constraint"),
+    [
+        ({"type": "regex", "value": "[0-9]{3}"}, Constraint("regex", "[0-9]{3}")),
+        (
+            {"type": "json", "value": {"type": "object", "required": ["a"]}},
+            Constraint("json_schema", '{"required":["a"],"type":"object"}'),
+        ),
+        ({"type": "json", "value": '{"type": "object"}'}, Constraint("json_schema", '{"type":"object"}')),
+        (
+            {"type": "json_schema", "value": {"name": "x", "schema": {"type": "array"}}},
+            Constraint("json_schema", '{"type":"array"}'),
+        ),
+    ],
+)
+def test_grammar_becomes_the_requests_constraint(grammar, constraint):
+    api, request = parse({"grammar": grammar, "frequency_penalty": 0.5})
+    assert request.constraint == constraint
+    assert request.sampling.frequency_penalty == 0.5
+    assert api.wire_name("constraint") == "parameters.grammar"
 
 
 def test_a_missing_inputs_or_a_non_object_body_is_refused():
