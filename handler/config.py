@@ -98,6 +98,11 @@ class HandlerConfig(_Section):
     default_max_new_tokens: int = Field(default=64, ge=1)
     max_new_tokens: int = Field(default=512, ge=1, description="the largest max_new_tokens a request may ask for")
     trust_remote_code: bool = False
+    tool_call_parser: Literal["llama3_json"] = Field(
+        default="llama3_json",
+        description="the model family's tool-call format for chat tools (handler/api/tool_parsers): "
+        'llama3_json is Llama 3.1+\'s {"name", "parameters"} JSON',
+    )
     max_stop_strings: int = Field(
         default=16, ge=1, le=256, description="the most stop strings a request may give (OpenAI's own API allows 4)"
     )

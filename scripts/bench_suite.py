@@ -25,6 +25,11 @@ Ratios (continuous mode unless said):
         token requests (goal >= 0.95); two more servers (scripts/bench_replicas.py), which also
         give the seed workload's throughput sweep on the 3 x TP8 layout beside the published
         TGI / vLLM figures (`--no-replicas` skips the stage)
+  P9  = constrained-decoding host time per step / the TP8 profile's decode step at 8 rows
+        (scripts/bench_constrained.py, in its own process before any server starts, about 15 s):
+        8 slots, each a GrammarMasks matcher for a 10-field JSON Schema, over [8, 128,256] logits,
+        mask + advance per step (goal <= 0.05); beside it, BatchSampler.sample with and without
+        the constraint (`--no-constrained` skips the stage)
 hf: a small random Llama (a few million parameters) on CPU, continuous mode, served at one
 stream and at B = 4 streams; scripts/bench_backend.py (its CLI) measures the backend's own
 step loop in-process, best of three, before and after the served loads:
@@ -97,6 +102,7 @@ GOALS: dict[str, tuple[str, float]] = {
     "P8a-greedy": ("<=", 0.02),
     "P8b-greedy": ("<=", 0.02),
     "P7": (">=", 0.95),
+    "P9": ("<=", 0.05),
 }
 
 
@@ -428,6 +434,48 @@ def p7(stage: bench_replicas.Stage) -> Ratio:
     )
 
 
+@dataclass(frozen=True)
+class Constrained:
+    """P9's measurement: scripts/bench_constrained.py's figures (its --json) and its printed report."""
+
+    figures: dict[str, Any]
+    report: str
+
+
+def run_constrained(workdir: Path, args: Sequence[str] = ()) -> Constrained | None:
+    """scripts/bench_constrained.py (with `args`) in its own process: its torch thread setting
+    and the 128k tokenizer's memory stay out of the suite. None, with the reason on stderr, when
+    it fails: the other figures stand without P9."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "constrained.json"
+    path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_constrained.py"), *args, "--json", str(path)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        print("[bench] P9: bench_constrained.py ran past 600 s; no P9", file=sys.stderr)
+        return None
+    if proc.returncode != 0 or not path.is_file():
+        print(
+            f"[bench] P9: bench_constrained.py failed ({proc.returncode}); no P9:\n{proc.stderr[-3000:]}",
+            file=sys.stderr,
+        )
+        return None
+    return Constrained(json.loads(path.read_text()), proc.stdout.strip())
+
+
+def p9(c: Constrained) -> Ratio:
+    f = c.figures
+    vocab = f"{f['vocab_size']:,} ({f['vocab']}{', SYNTHETIC' if f['synthetic'] else ''})"
+    return Ratio(
+        "P9",
+        f["p9"],
+        f"constrained decoding {f['step_ms']:.3f} ms per step (mask {f['mask_ms']:.3f} + advance "
+        f"{f['advance_ms']:.3f}; {f['rows']} rows x {vocab}, schema-10)",
+        f"TP8 decode step({f['rows']}) {f['decode_step_ms']:.2f} ms",
+    )
+
+
 def p7_host_metrics(stage: bench_replicas.Stage) -> dict[str, dict[str, float]]:
     """The handler metrics' means over each of P7's two loads ("single": 1 replica, "replicas"):
     the per-step host time that shows where a low P7 goes."""
@@ -671,6 +719,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sampled", action=argparse.BooleanOptionalAction, default=True, help="sim: P2s (two more sampled loads)"
     )
+    parser.add_argument(
+        "--constrained",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="sim: P9, constrained decoding per step (scripts/bench_constrained.py, about 15 s)",
+    )
     replicas = parser.add_argument_group(
         "the replicas stage (sim): P7 and the seed workload, scripts/bench_replicas.py"
     )
@@ -862,6 +916,7 @@ class Analysis:
     knee_at: dict[str, Any]
     stage: bench_replicas.Stage | None = None
     p7_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    constrained: Constrained | None = None  # P9's stage
 
 
 def analyse(
@@ -869,8 +924,10 @@ def analyse(
     runs: dict[str, ModeRun],
     sampling_timings: list[bench_sampling.Timing] | None,
     stage: bench_replicas.Stage | None = None,
+    constrained: Constrained | None = None,
 ) -> Analysis:
-    """The ratios (P7 before P8), each mode against its own policy, the long-run policy table and the knees."""
+    """The ratios (P7 before P8, P9 last), each mode against its own policy, the long-run policy
+    table and the knees."""
     args = s.args
     ratios = compute_ratios(
         args.backend,
@@ -886,6 +943,8 @@ def analyse(
         at = next((i for i, r in enumerate(ratios) if r.name.startswith("P8")), len(ratios))
         ratios.insert(at, p7(stage))
         p7_metrics = p7_host_metrics(stage)
+    if constrained is not None:
+        ratios.append(p9(constrained))
     by_mode = {m: mode_ratios(r, s.ref["step_1_ms"], args.load_fraction) for m, r in runs.items()} if s.sim else {}
     policy_ref = None
     if s.profile is not None and args.des_requests > 0:
@@ -902,7 +961,7 @@ def analyse(
         )
     long_run = long_run_points(policy_ref, s.capacity, s.modes) if policy_ref and s.capacity else None
     knee_at = knees(runs, s.capacity, long_run) if s.capacity else {}
-    return Analysis(ratios, by_mode, policy_ref, long_run, knee_at, stage, p7_metrics)
+    return Analysis(ratios, by_mode, policy_ref, long_run, knee_at, stage, p7_metrics, constrained)
 
 
 def result_meta(s: Setup, a: Analysis, argv: list[str] | None, started: float) -> dict[str, Any]:
@@ -922,6 +981,7 @@ def result_meta(s: Setup, a: Analysis, argv: list[str] | None, started: float) -
         "ratios_by_mode": {m: {r.name: r.value for r in rs} for m, rs in a.by_mode.items()},
         "knees": a.knee_at,
         "policy_reference_des": a.policy_ref.to_dict() if a.policy_ref else None,
+        "constrained": a.constrained.figures if a.constrained else None,
         "wall_s": time.monotonic() - started,
     }
 
@@ -970,6 +1030,9 @@ def print_report(
     if sampling_timings:
         print("\nhost sampling per step (scripts/bench_sampling.py; P8 reads the stand-in logits):")
         print(bench_sampling.format_table(sampling_timings))
+    if a.constrained is not None:
+        print()
+        print(a.constrained.report)
     if a.policy_ref is not None:
         print(f"\npolicy limits, long run ({args.des_requests} requests per Poisson load):")
         print(des.format_reference(a.policy_ref, s.shape))
@@ -1033,9 +1096,13 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     s = set_up(parse_args(argv))
     sampling_timings = None
+    constrained = None
     if s.sim:  # before any server runs: the host to itself
         print("[bench] host sampling per step, batched vs per-slot (scripts/bench_sampling.py) ...", file=sys.stderr)
         sampling_timings = bench_sampling.measure(repeats=5, per_slot_repeats=1)
+        if s.args.constrained:
+            print("[bench] P9: constrained decoding per step (scripts/bench_constrained.py) ...", file=sys.stderr)
+            constrained = run_constrained(s.workroot)
     else:
         print("[bench] in-process reference (scripts/bench_backend.py) ...", file=sys.stderr)
         s.ref = in_process_reference(s)
@@ -1048,7 +1115,7 @@ def main(argv: list[str] | None = None) -> None:
         if again["generate_tokens_per_s"] > s.ref["generate_tokens_per_s"]:
             s.ref = again
         s.ref["generate_tokens_per_s_runs"] = runs_tok
-    a = analyse(s, runs, sampling_timings, stage)
+    a = analyse(s, runs, sampling_timings, stage, constrained)
     out = s.args.out or REPO / "bench_results" / f"bench-{s.args.backend}"
     replicas = (a.stage.to_dict() | {"p7_handler_metrics_mean_s": a.p7_metrics}) if a.stage else None
     meta = result_meta(s, a, argv, started)

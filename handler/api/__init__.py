@@ -27,12 +27,11 @@ from handler.api.base import Api
 from handler.api.native import NativeApi
 from handler.api.openai import ChatCompletionsApi, CompletionsApi, ModelsApi
 from handler.api.tgi import TgiApi
+from handler.api.tool_parsers import DEFAULT_TOOL_PARSER
 from handler.errors import NotFound
 
-_GENERATION_ROUTES: dict[str, type[CompletionsApi] | type[ChatCompletionsApi]] = {
-    "v1/completions": CompletionsApi,
-    "v1/chat/completions": ChatCompletionsApi,
-}
+_COMPLETIONS = "v1/completions"
+_CHAT = "v1/chat/completions"
 _MODELS = "v1/models"
 _TGI_GENERATE = "generate"
 _TGI_GENERATE_STREAM = "generate_stream"
@@ -44,19 +43,26 @@ def route_path(url_path: str | None) -> str:
 
 
 def select_api(
-    url_path: str | None, model_name: str, body: dict[str, Any] | str | None = None, no_route_api: str = "native"
+    url_path: str | None,
+    model_name: str,
+    body: dict[str, Any] | str | None = None,
+    no_route_api: str = "native",
+    tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> Api:
     """The Api for TorchServe's `url_path` request header; without one, for the decoded body's
-    shape (and `handler.no_route_api` for an `inputs` body)."""
+    shape (and `handler.no_route_api` for an `inputs` body). `tool_parser` is the model family's
+    tool-call format (`handler.tool_call_parser`)."""
     path = route_path(url_path)
     if not path:
-        return _api_for_body(body, model_name, no_route_api)
+        return _api_for_body(body, model_name, no_route_api, tool_parser)
     if path == _TGI_GENERATE:
         return TgiApi()
     if path == _TGI_GENERATE_STREAM:
         return TgiApi(always_stream=True)
-    if path in _GENERATION_ROUTES:
-        return _GENERATION_ROUTES[path](model_name)
+    if path == _CHAT:
+        return ChatCompletionsApi(model_name, tool_parser)
+    if path == _COMPLETIONS:
+        return CompletionsApi(model_name)
     if path == _MODELS:
         return ModelsApi(model_name)
     if path.startswith(_MODELS + "/"):
@@ -64,9 +70,9 @@ def select_api(
     raise NotFound(f"unknown route '{path}'", "url_path")
 
 
-def _api_for_body(body: dict[str, Any] | str | None, model_name: str, no_route_api: str) -> Api:
+def _api_for_body(body: dict[str, Any] | str | None, model_name: str, no_route_api: str, tool_parser: str) -> Api:
     if isinstance(body, dict) and "messages" in body:
-        return ChatCompletionsApi(model_name)
+        return ChatCompletionsApi(model_name, tool_parser)
     if isinstance(body, dict) and "model" in body and "prompt" in body:
         return CompletionsApi(model_name)
     if no_route_api == "tgi" and isinstance(body, dict) and "inputs" in body:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from handler.errors import InvalidRequest
+from handler.grammar.grammars import json_schema_text
 from handler.request import Constraint, Limits
 
 logger = logging.getLogger(__name__)
@@ -132,17 +133,12 @@ def stop_strings(
     return tuple(stops)
 
 
-def canonical_json(obj: Any) -> str:
-    """JSON text with sorted keys: equal schemas give equal text (one grammar cache entry)."""
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
 def json_schema_constraint(schema: Any, param: str) -> Constraint:
     """A request's JSON Schema as a constraint; a schema that is not a JSON object is that field's 400
     (whether the grammar engine can enforce it is checked on receipt, handler/serving/service.py)."""
     if not isinstance(schema, dict):
         raise InvalidRequest(f"{param} must be a JSON Schema object, got {type(schema).__name__}", param)
-    return Constraint("json_schema", canonical_json(schema))
+    return Constraint("json_schema", json_schema_text(schema))
 
 
 def grammar_constraint(grammar: Any, param: str = "grammar") -> Constraint:

@@ -39,6 +39,16 @@ from handler.api.common import (
 )
 from handler.api.logprobs import RenderedToken, TokenLog, as_bytes
 from handler.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from handler.api.tool_parsers import (
+    DEFAULT_TOOL_PARSER,
+    ArgumentsPiece,
+    CallStart,
+    Piece,
+    TextPiece,
+    ToolCallStream,
+    ToolParser,
+)
+from handler.api.tool_schemas import ToolSetup, tool_setup
 from handler.engine.sequence import FinishReason, Sequence
 from handler.errors import InvalidRequest, NotFound, ServingError, to_http
 from handler.request import Constraint, GenerationRequest, Limits, SamplingParams
@@ -167,7 +177,7 @@ class _OpenAIGeneration(Api):
     # -- response ----------------------------------------------------------------
     def _envelope(self, sequence: Sequence, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
-            "id": f"{self.id_prefix}-{sequence.request_id}",
+            "id": f"{self.id_prefix}-{sequence.response_id}",
             "object": object_name,
             "created": self.created,
             "model": self.model,
@@ -309,8 +319,29 @@ class ChatCompletionsApi(_OpenAIGeneration):
         "function_call": "the deprecated function_call field is not supported; send tool_choice",
     }
 
+    def __init__(self, model_name: str, tool_parser: str = DEFAULT_TOOL_PARSER) -> None:
+        super().__init__(model_name)
+        self.tool_parser = tool_parser  # the model family's tool-call format (handler/api/tool_parsers)
+        self.tools: ToolSetup | None = None
+        self._parser: ToolParser | None = None  # set when the output may hold tool calls
+        self._tool_streams: dict[int, ToolCallStream] = {}  # per choice index
+        self._called: set[int] = set()  # choice indices that sent a tool call
+
     def _prompt(self, req: ChatCompletionRequest, tokenizer: Any) -> tuple[str, bool, tuple[int, ...] | None]:
-        return render_chat(tokenizer, req.template_messages()), False, None
+        self.tools = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls)
+        if self.tools is not None and self.tools.parses_calls:
+            self._parser = self.tools.parser(self.tool_parser)
+        tools = self.tools.template_tools() if self.tools is not None else None
+        return render_chat(tokenizer, req.template_messages(), tools), False, None
+
+    def _constraint(self, req: ChatCompletionRequest) -> Constraint | None:
+        """tool_choice "required" or a named function: the output is that format's calls (and
+        response_format, which shapes content, has no content to shape)."""
+        constraint = self.tools.constraint(self.tool_parser) if self.tools is not None else None
+        if constraint is None:
+            return super()._constraint(req)
+        self.constraint_param = "tools"
+        return constraint
 
     def _logprobs(self, req: ChatCompletionRequest) -> tuple[int | None, bool]:
         if req.top_logprobs is not None and not req.logprobs:
@@ -327,7 +358,69 @@ class ChatCompletionsApi(_OpenAIGeneration):
         ]  # the message holds no end-of-sequence token, so its logprobs do not either
         return {"content": content}
 
+    def chunk(self, sequence: Sequence, delta: str) -> str:
+        if self._parser is None:
+            return self._open_earlier(sequence) + super().chunk(sequence, delta)
+        return self._pieces(sequence, self._tool_stream(sequence).feed(delta))
+
+    def finish(self, sequence: Sequence) -> str:
+        held = "" if self._parser is None else self._pieces(sequence, self._tool_stream(sequence).end())
+        return self._open_earlier(sequence) + held + super().finish(sequence)
+
+    def _open_earlier(self, sequence: Sequence) -> str:
+        """Role chunks for the choices before this one that sent nothing yet. The official client's
+        stream accumulator takes choices in the order they first appear (a first chunk for choice 1
+        before any for choice 0 breaks it), and a choice holding back a possible tool call would
+        otherwise let a later one go first."""
+        out = ""
+        for index in range(sequence.choice_index):
+            if index not in self._started:
+                opening = {"index": index, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
+                out += self._event(sequence, opening)
+                self._started.add(index)
+        return out
+
+    def _tool_stream(self, sequence: Sequence) -> ToolCallStream:
+        stream = self._tool_streams.get(sequence.choice_index)
+        if stream is None:
+            assert self._parser is not None
+            stream = self._tool_streams[sequence.choice_index] = self._parser.stream()
+        return stream
+
+    def _pieces(self, sequence: Sequence, pieces: list[Piece]) -> str:
+        """Streamed events for parsed output: content as usual, tool calls as `_call_event`."""
+        out = self._open_earlier(sequence) if pieces else ""
+        for piece in pieces:
+            if isinstance(piece, TextPiece):
+                out += super().chunk(sequence, piece.text)
+            else:
+                out += self._call_event(sequence, piece)
+        return out
+
+    def _call_event(self, sequence: Sequence, piece: CallStart | ArgumentsPiece) -> str:
+        """A tool call as OpenAI streams one: a chunk with its id and name (arguments ""), then
+        chunks with its arguments as the model writes them."""
+        index = sequence.choice_index
+        sent = self.tokens(sequence).sent(piece.raw)
+        call: dict[str, Any]
+        if isinstance(piece, CallStart):
+            function = {"name": piece.name, "arguments": ""}
+            call = {"index": piece.index, "id": piece.id, "type": "function", "function": function}
+            self._called.add(index)
+        elif piece.text:
+            call = {"index": piece.index, "function": {"arguments": piece.text}}
+        else:
+            return ""  # only the call's own syntax: its tokens' logprobs go with the next chunk
+        delta: dict[str, Any] = {"tool_calls": [call]}
+        if not self.choice_started(sequence):
+            delta = {"role": "assistant", "content": None, **delta}
+        logprobs = self._chat_logprobs(sequence, sent)
+        self._started.add(index)
+        return self._event(sequence, {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None})
+
     def _stream_choice(self, sequence: Sequence, text: str, finish_reason: str | None) -> dict[str, Any]:
+        if finish_reason == "stop" and sequence.choice_index in self._called:
+            finish_reason = "tool_calls"
         started = self.choice_started(sequence)
         delta: dict[str, Any] = {} if started else {"role": "assistant"}
         if text or not started or finish_reason is None:
@@ -337,7 +430,12 @@ class ChatCompletionsApi(_OpenAIGeneration):
         return {"index": sequence.choice_index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _whole_choice(self, sequence: Sequence, text: str, finish_reason: str) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self._parser is not None:
+            content, calls = self._parser.parse(text)
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": [c.wire() for c in calls]}
+                finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
         logprobs = self._chat_logprobs(sequence, None)
         return {
             "index": sequence.choice_index,

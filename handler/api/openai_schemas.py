@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from handler.api.common import Lenient
+from handler.api.tool_schemas import MessageToolCall, Tool, ToolChoice
 
 
 class StreamOptions(Lenient):
@@ -83,6 +84,9 @@ class TextPart(Lenient):
 class ChatMessage(Lenient):
     role: StrictStr = Field(min_length=1)
     content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
+    tool_call_id: StrictStr | None = None  # a `tool` message: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -91,6 +95,18 @@ class ChatMessage(Lenient):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def template_message(self) -> dict[str, Any]:
+        """As chat templates expect it: text content; `name`, `tool_calls` and `tool_call_id` only
+        when given (templates test `'tool_calls' in message`)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [call.template_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
 
 class ChatCompletionRequest(_Common):
     """`POST /v1/chat/completions`."""
@@ -98,7 +114,10 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
 
     def template_messages(self) -> list[dict[str, Any]]:
-        """Messages as chat templates expect them: text content only."""
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        """Messages as chat templates expect them (see `ChatMessage.template_message`)."""
+        return [m.template_message() for m in self.messages]

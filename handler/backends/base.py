@@ -37,6 +37,16 @@ def clamp_n_positions(wanted: int, limit: int | None, what: str) -> int:
     return limit
 
 
+class SlotRequestError(ValueError):
+    """One request of a prefill call that the backend cannot take (a grammar that does not compile
+    for this tokenizer); the others of the call are fine. The engine fails that request alone and
+    prefills the rest again."""
+
+    def __init__(self, slot: int, message: str) -> None:
+        super().__init__(message)
+        self.slot = slot
+
+
 @dataclass(frozen=True)
 class SlotRequest:
     """A sequence entering a slot: what the backend needs to prefill and sample it."""

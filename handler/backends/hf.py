@@ -35,7 +35,7 @@ from handler.backends.kv_cache import AppendCache, ForwardKwargs, LayerKV, layer
 from handler.backends.sampling import BatchSampler, prompt_logprobs
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import HandlerConfig
-from handler.request import TokenChoice
+from handler.request import GenerationRequest, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +97,16 @@ class HFBackend(Backend):
         self._forward_kwargs = ForwardKwargs(self.model)
         self._slots: dict[int, _Slot] = {}
         self._batch: _Batch | None = None
-        self.sampler = BatchSampler(n_slots, self.eos_token_ids, self.n_positions)
+        self.sampler = BatchSampler(n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
 
     # -- the contract ------------------------------------------------------------------
 
     @property
     def sampling_s(self) -> float:
         return self.sampler.last_s
+
+    def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
+        return self.sampler.refusal(request)
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         """Each request alone (batch 1, no padding). All or nothing: if one fails, none of
@@ -176,6 +179,7 @@ class HFBackend(Backend):
     def warmup(self) -> None:
         if 0 in self._slots:
             raise ValueError("warmup needs slot 0 free")
+        self.sampler.warmup()
         prompt = tuple(self.encode("Hello, world")) or (0,)
         self.prefill([SlotRequest(slot=0, prompt_ids=prompt[: self.n_positions - 3], ignore_eos=True)])
         try:

@@ -87,7 +87,7 @@ from handler.neuron.config import MIN_BUCKET, NeuronxConfig
 from handler.neuron.cores import CorePlacement
 from handler.neuron.environment import CacheLocation, configure_compiler
 from handler.neuron.load_or_compile import Recipe, load_or_compile
-from handler.request import TokenChoice
+from handler.request import GenerationRequest, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class NeuronxBackend(Backend):
         self.output_all_logits = self.settings.output_all_logits
         self.buckets = context_buckets(self.settings, self.n_positions)
         self.max_prompt_tokens = self.buckets[-1]
-        self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions)
+        self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
 
         self._live = LiveSlots(
             "neuronx",
@@ -318,6 +318,9 @@ class NeuronxBackend(Backend):
             )
         return None
 
+    def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
+        return self.sampler.refusal(request)
+
     @property
     def sampling_s(self) -> float:
         return self.sampler.last_s
@@ -386,7 +389,9 @@ class NeuronxBackend(Backend):
 
     def warmup(self) -> None:
         """Per context bucket: a prompt of that length prefilled into slot 0 and one decode step over all
-        slots (the others hold 1-token prompts), so that no user request pays a kernel's first run."""
+        slots (the others hold 1-token prompts), so that no user request pays a kernel's first run. The
+        sampler's grammar masks are built first, whatever `warmup` says (host work, seconds at most)."""
+        self.sampler.warmup()
         if not self.settings.warmup:
             return
         started = time.perf_counter()

@@ -200,7 +200,7 @@ class NxdiBackend(Backend):
         self.token_buckets = self._buckets(self.settings.token_buckets, "token_buckets")
         self.max_prompt_tokens = self.context_buckets[-1]
         self.on_device = self.settings.on_device_sampling
-        self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions)
+        self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
 
         self._live = LiveSlots(
             "nxdi",
@@ -323,7 +323,9 @@ class NxdiBackend(Backend):
         return None
 
     def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
-        return device_sampling_refusal(request, self.settings.global_topk) if self.on_device else None
+        if self.on_device:
+            return device_sampling_refusal(request, self.settings.global_topk)
+        return self.sampler.refusal(request)
 
     @property
     def device_sampling_topk(self) -> int | None:
@@ -431,7 +433,10 @@ class NxdiBackend(Backend):
 
     def warmup(self) -> None:
         """NxDI's load() runs its own warm-up of every bucket; one short request through the step
-        contract checks this backend's side (a prefill and a decode over every slot)."""
+        contract checks this backend's side (a prefill and a decode over every slot). With host
+        sampling the sampler's grammar masks are built first, whatever `warmup` says."""
+        if not self.on_device:
+            self.sampler.warmup()
         if not self.settings.warmup:
             return
         started = time.perf_counter()

@@ -1,11 +1,20 @@
 """Token choice for every row of a step in one vectorized pass (the backends with logits:
 hf, neuronx, and sim on its stand-in logits).
 
-Per step, over the `[rows, vocab]` logits of the rows in that step:
+Per step, over the `[rows, vocab]` logits of the rows in that step (on a copy, and only when
+some row asks for one of these):
 - repetition penalty (transformers' rule: a seen token's score is divided by the penalty when
   positive, multiplied when negative), gathered and scattered over a per-slot history tensor
   kept here, for the rows that ask for it;
-- EOS suppression (`ignore_eos`) by one masked fill;
+- presence / frequency penalties (OpenAI's: minus frequency x count + presence x (count > 0) for
+  each token the slot generated so far, its prompt not included), one accumulating scatter over
+  per-slot tables of the distinct output tokens and their counts;
+- logit_bias, one accumulating scatter;
+- EOS suppression (`ignore_eos`), and EOS plus the request's stop token ids while the slot has
+  generated fewer than `min_tokens`, one indexed fill;
+- the grammar mask of the constrained rows (`handler/grammar/masks.py`), one call for all of
+  them. The grammar wins over min_tokens: a row the mask leaves with no token (the grammar
+  allows only EOS, which min_tokens suppressed) is redone from its logits with the mask alone;
 - greedy rows: one argmax;
 - sampled rows: temperature, then top-k and top-p on the softmax, then one uniform draw per
   row picked by inverse CDF over the kept tokens in descending probability order (ties by
@@ -16,22 +25,34 @@ Per step, over the `[rows, vocab]` logits of the rows in that step:
 
 Seeds: each slot draws from its own `random.Random` (the request's seed, or a random one),
 one float per sampled step, so a request's tokens do not depend on its batch-mates or on the
-batch size. Logprobs are those of the distribution the token was drawn from (after penalty,
-temperature, top-k and top-p; a greedy row gets the model's own log-softmax).
+batch size. Logprobs are those of the distribution the token was drawn from (after the
+penalties, bias, suppression and grammar mask above, temperature, top-k and top-p; a greedy row
+without any of them gets the model's own log-softmax), so a constrained row's are over the
+tokens its grammar allowed.
+
+A step in which no row asks for any of the processing above reads the caller's logits as they
+are: no copy.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from handler.backends.base import SlotRequest
-from handler.request import PromptTokenLogprob, TokenChoice
+from handler.backends.base import SlotRequest, SlotRequestError
+from handler.request import GenerationRequest, PromptTokenLogprob, TokenChoice
+
+if TYPE_CHECKING:
+    from handler.grammar.masks import GrammarMasks
+
+logger = logging.getLogger(__name__)
 
 # Candidate set sizes tried in turn before the full sort. A model's top-p 0.9 nucleus is
 # usually a few dozen tokens; topk(64) over 128,256 logits costs a fifth of topk(1024).
@@ -41,6 +62,7 @@ CANDIDATE_TIERS = (64, 1024)
 # row are 4-6x slower than amax over it).
 BLOCK = 64
 PLAIN_ARGMAX_MAX = 1 << 19  # elements: up to here one argmax call is faster (measured cold, 2 cores)
+OUTPUT_TABLE_COLUMNS = 256  # distinct output tokens per slot the penalty tables hold at first (they grow)
 
 
 @dataclass
@@ -54,6 +76,26 @@ class _SlotState:
     logprobs: int | None
     draws: random.Random  # one uniform float per sampled step, from the request's seed
     history_len: int = 0  # tokens in the slot's history row (penalty only)
+    presence: float = 0.0
+    frequency: float = 0.0
+    bias_ids: torch.Tensor | None = None  # logit_bias: token ids [n] and their biases [n]
+    bias_values: torch.Tensor | None = None
+    min_tokens: int = 0
+    early_ids: torch.Tensor | None = None  # EOS and stop token ids: suppressed before min_tokens
+    constrained: bool = False
+    generated: int = 0  # tokens chosen for this slot so far (counted only while `shaped`)
+    # Output token -> its column in the slot's rows of the presence/frequency tables.
+    seen: dict[int, int] = field(default_factory=dict)
+    shaped: bool = False  # this step needs one of the processors after the repetition penalty
+
+    @property
+    def output_penalties(self) -> bool:
+        return self.presence != 0.0 or self.frequency != 0.0
+
+    def update_shaped(self) -> None:
+        self.shaped = (
+            self.output_penalties or self.bias_ids is not None or self.constrained or self.generated < self.min_tokens
+        )
 
 
 @dataclass(frozen=True)
@@ -77,7 +119,8 @@ def choose_sorted(
     """Top-k, top-p and the inverse-CDF pick on probabilities sorted in descending order.
 
     `probs` [rows, C] is a prefix of each row's full sorted distribution; only its first
-    `safe` [rows] entries are known to be exactly that prefix (ties past them may be missing).
+    `safe` [rows] entries are known to be exactly that prefix (ties past them may be missing);
+    `safe` >= vocab says the prefix holds every token of nonzero probability (the rest are zeros).
     `top_k` 0 and `top_p` 1 mean off. Top-p keeps a token when the mass of the tokens before
     it is below top_p (transformers' TopPLogitsWarper, in descending terms), after top-k.
     The pick is the first kept token whose cumulative mass exceeds draw x kept mass. Masses
@@ -92,7 +135,7 @@ def choose_sorted(
     k_eff = np.where(k_on, top_k, vocab)
     k_known = ~k_on | (k_eff <= safe)
     # Mass of the top-k tokens: top-p renormalizes inside it; without top-k it is the whole (1).
-    k_index = np.maximum(np.minimum(k_eff, safe) - 1, 0)
+    k_index = np.maximum(np.minimum(np.minimum(k_eff, safe), width) - 1, 0)
     k_mass = np.where(k_on, np.take_along_axis(cumulative, k_index[:, None], axis=1)[:, 0], 1.0)
     p_on = top_p < 1.0
     keep = (positions < k_eff[:, None]) & (positions < safe[:, None])
@@ -113,7 +156,10 @@ def choose_sorted(
 def sorted_candidates(probs: torch.Tensor, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The `count` most likely tokens of each row, in descending probability, ties by token
     id (as a stable full sort orders them), and how many of them are certainly that prefix
-    (those above the smallest candidate: a tie with it may have been left out)."""
+    (those above the smallest candidate: a tie with it may have been left out). A row whose
+    smallest candidate has probability 0 (a grammar-masked row: a few allowed tokens, the rest
+    -inf) holds all of its nonzero mass: it is reported as known to the vocabulary's end, since
+    the zeros past it are never picked and weigh nothing, so it needs no full sort."""
     rows, vocab = probs.shape
     if count >= vocab:
         values, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
@@ -122,7 +168,7 @@ def sorted_candidates(probs: torch.Tensor, count: int) -> tuple[np.ndarray, np.n
     order = np.lexsort((ids, -values), axis=-1)  # by probability, then by id
     values, ids = np.take_along_axis(values, order, axis=1), np.take_along_axis(ids, order, axis=1)
     safe = (values > values[:, -1:]).sum(axis=1)
-    return values, ids, safe
+    return values, ids, np.where(values[:, -1] == 0.0, vocab, safe)
 
 
 def _blocks(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,19 +214,78 @@ def _topk(probs: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
 class BatchSampler:
     """Picks the next token of every row of a step; one instance per backend, `add` when a
     slot is prefilled, `remove` when it is released. Not thread-safe (the engine calls a
-    backend from one thread at a time)."""
+    backend from one thread at a time).
 
-    def __init__(self, n_slots: int, eos_token_ids: frozenset[int] | set[int], n_positions: int) -> None:
+    `tokenizer` and `vocab_size` (the width of the logits `sample` is given, padding cut off)
+    are what grammar masks need; without a tokenizer every constraint is refused (`refusal`).
+    The masks are built on first use; `warmup` builds them ahead (llguidance's view of a 128k
+    tokenizer takes seconds), so that no request's step pays for it."""
+
+    def __init__(
+        self,
+        n_slots: int,
+        eos_token_ids: frozenset[int] | set[int],
+        n_positions: int,
+        tokenizer: Any = None,
+        vocab_size: int | None = None,
+    ) -> None:
         self.n_slots = n_slots
         self.eos_token_ids = torch.tensor(sorted(eos_token_ids), dtype=torch.long)
         self._slots: dict[int, _SlotState] = {}
         self._history = torch.zeros((n_slots, max(n_positions, 1) + 1), dtype=torch.long)
         self._workspace = _Workspace()
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size if vocab_size is not None or tokenizer is None else len(tokenizer)
+        self._masks: GrammarMasks | None = None
+        self._grammar_problem = None if tokenizer is not None else "this backend has no tokenizer to build grammars on"
+        # Presence / frequency tables, [slot, column]: each distinct output token and its count. numpy,
+        # for cheap single-element updates; read through torch views sharing the memory.
+        self._output_ids = np.zeros((n_slots, 0), dtype=np.int64)
+        self._output_counts = np.zeros((n_slots, 0), dtype=np.float32)
         self.last_s = 0.0  # host seconds the last `sample` call took
+
+    # -- grammars ------------------------------------------------------------------------
+    def warmup(self) -> None:
+        """Build the grammar masks now (a backend's warm-up calls this)."""
+        self._grammar()
+
+    def refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
+        """("constraint", why) when this sampler cannot enforce a constraint: it has no tokenizer,
+        or the grammar engine could not take it (known after `warmup`). Never builds anything: the
+        service asks from its own threads."""
+        if request.constraint is not None and self._grammar_problem is not None:
+            return "constraint", self._grammar_problem
+        return None
+
+    def _grammar(self) -> GrammarMasks | None:
+        if self._masks is None and self._grammar_problem is None:
+            from handler.grammar.masks import GrammarMasks  # llguidance: loaded by the backends that sample
+
+            try:
+                masks = GrammarMasks(self._tokenizer, self._vocab_size, self.eos_token_ids.tolist())
+                masks.prepare()
+            except Exception as exc:  # a tokenizer llguidance cannot read: constraints are refused, serving goes on
+                self._grammar_problem = f"the grammar engine cannot use this model's tokenizer: {exc}"
+                logger.warning("constrained output is off: %s", self._grammar_problem)
+            else:
+                self._masks = masks
+        return self._masks
 
     # -- slots ---------------------------------------------------------------------------
     def add(self, request: SlotRequest) -> None:
-        params = request.sampling
+        """Raises SlotRequestError when the request's constraint cannot be enforced; nothing of the
+        request is kept then."""
+        params, slot = request.sampling, request.slot
+        if request.constraint is not None:
+            masks = self._grammar()
+            if masks is None:
+                raise SlotRequestError(slot, f"the constraint cannot be enforced: {self._grammar_problem}")
+            try:
+                masks.add(slot, request.constraint)
+            except ValueError as exc:
+                raise SlotRequestError(slot, f"the constraint cannot be enforced: {exc}") from None
+        elif self._masks is not None:
+            self._masks.remove(slot)
         state = _SlotState(
             do_sample=params.do_sample,
             temperature=params.temperature,
@@ -190,19 +295,39 @@ class BatchSampler:
             ignore_eos=request.ignore_eos and len(self.eos_token_ids) > 0,
             logprobs=request.logprobs,
             draws=random.Random(params.seed),  # None: seeded from the OS
+            presence=params.presence_penalty,
+            frequency=params.frequency_penalty,
+            min_tokens=params.min_tokens,
+            constrained=request.constraint is not None,
         )
         if state.penalty != 1.0:
             prompt = torch.tensor(request.prompt_ids, dtype=torch.long)
             self._reserve(len(prompt) + 1)
             # Past its length the row repeats a token it holds, so a gather/scatter over a
             # wider span than the row is harmless (the same value written twice).
-            self._history[request.slot].fill_(int(prompt[0]) if len(prompt) else 0)
-            self._history[request.slot, : len(prompt)] = prompt
+            self._history[slot].fill_(int(prompt[0]) if len(prompt) else 0)
+            self._history[slot, : len(prompt)] = prompt
             state.history_len = len(prompt)
-        self._slots[request.slot] = state
+        if state.output_penalties:
+            if self._output_ids.shape[1] == 0:
+                self._grow_output_tables(OUTPUT_TABLE_COLUMNS)
+            self._output_ids[slot] = 0
+            self._output_counts[slot] = 0.0  # columns past the slot's own hold 0: a scatter of them adds 0
+        vocab = self._vocab_size
+        bias = {t: b for t, b in dict(params.logit_bias).items() if vocab is None or t < vocab}  # the last one wins
+        if bias:
+            state.bias_ids = torch.tensor(list(bias), dtype=torch.long)
+            state.bias_values = torch.tensor(list(bias.values()), dtype=torch.float32)
+        if params.min_tokens > 0:
+            early = {*self.eos_token_ids.tolist(), *request.stop_token_ids}
+            state.early_ids = torch.tensor(sorted(early), dtype=torch.long)
+        state.update_shaped()
+        self._slots[slot] = state
 
     def remove(self, slot: int) -> None:
         self._slots.pop(slot, None)
+        if self._masks is not None:
+            self._masks.remove(slot)
 
     # -- one step ------------------------------------------------------------------------
     def sample(self, slots: Sequence[int], logits: torch.Tensor, vocab_size: int | None = None) -> list[TokenChoice]:
@@ -214,11 +339,15 @@ class BatchSampler:
         scores = logits[:, :vocab]
         penalized = [i for i, s in enumerate(states) if s.penalty != 1.0]
         suppressed = [i for i, s in enumerate(states) if s.ignore_eos]
-        if penalized or suppressed or scores.dtype != torch.float32:
+        shaped = [i for i, s in enumerate(states) if s.shaped]
+        constrained: list[int] = []
+        if penalized or suppressed or shaped or scores.dtype != torch.float32:
             scores = self._workspace.get("scores", len(states), vocab).copy_(scores)
             if penalized:
                 self._penalize(scores, [slots[i] for i in penalized], penalized, states)
-            if suppressed:
+            if shaped:
+                constrained = self._shape(scores, logits, slots, shaped, suppressed, states)
+            elif suppressed:
                 ids = self.eos_token_ids[self.eos_token_ids < vocab]
                 scores[torch.tensor(suppressed)[:, None], ids[None, :]] = float("-inf")
         tokens = [0] * len(states)
@@ -232,11 +361,74 @@ class BatchSampler:
         for slot, state, token in zip(slots, states, tokens, strict=True):
             if state.penalty != 1.0:
                 self._remember(slot, state, token)
+        if shaped:
+            self._after_shaped(slots, shaped, constrained, states, tokens)
         self.last_s = time.perf_counter() - started
         return [
             TokenChoice(token) if lp is None else TokenChoice(token, lp[0], lp[1])
             for token, lp in zip(tokens, logprobs, strict=True)
         ]
+
+    def _shape(self, scores, logits, slots, rows, suppressed, states) -> list[int]:
+        """In place, on the shaped rows: presence / frequency penalties, logit_bias, suppression
+        (ignore_eos rows too), the grammar mask. Returns the constrained rows."""
+        vocab = scores.shape[1]
+        counted = [i for i in rows if states[i].output_penalties and states[i].seen]
+        if counted:
+            self._penalize_output(scores, slots, counted, states)
+        biased = [i for i in rows if states[i].bias_ids is not None]
+        if biased:
+            ids = torch.cat([states[i].bias_ids for i in biased])
+            values = torch.cat([states[i].bias_values for i in biased])
+            at = torch.repeat_interleave(torch.tensor(biased), torch.tensor([len(states[i].bias_ids) for i in biased]))
+            scores.index_put_((at, ids), values, accumulate=True)
+        early = {i for i in rows if states[i].generated < states[i].min_tokens}
+        banned = sorted(early.union(suppressed))
+        if banned:
+            lists = [states[i].early_ids if i in early else self.eos_token_ids for i in banned]
+            ids = torch.cat(lists)
+            at = torch.repeat_interleave(torch.tensor(banned), torch.tensor([len(ids) for ids in lists]))
+            keep = ids < vocab
+            scores.index_put_((at[keep], ids[keep]), torch.tensor(float("-inf")))
+        constrained = [i for i in rows if states[i].constrained]
+        if constrained:
+            masks = self._masks
+            assert masks is not None  # `add` built them for the constrained slot
+            if vocab != masks.vocab_size:
+                raise RuntimeError(f"the grammar masks are {masks.vocab_size} tokens wide, the logits {vocab}")
+            masks.mask(scores, constrained, [slots[i] for i in constrained])
+            # Only suppression (or a bias) can leave a row without a token: look there alone.
+            at_risk = [i for i in constrained if i in early or states[i].ignore_eos or states[i].bias_ids is not None]
+            if at_risk:
+                self._revive(scores, logits, slots, at_risk, masks)
+        return constrained
+
+    def _revive(self, scores, logits, slots, rows, masks) -> None:
+        """The grammar wins: rows the mask left without a token (its only tokens, EOS, were
+        suppressed before min_tokens) are redone from their logits with the mask alone; rows
+        whose logits are -inf on every allowed token then get those tokens equally likely."""
+        vocab = scores.shape[1]
+        for fill in ("logits", "uniform"):
+            maxima = scores[torch.tensor(rows)].amax(dim=-1).tolist()
+            rows = [i for i, m in zip(rows, maxima, strict=True) if m == float("-inf")]
+            if not rows:
+                return
+            index = torch.tensor(rows)
+            scores[index] = logits[index, :vocab].float() if fill == "logits" else 0.0
+            masks.mask(scores, rows, [slots[i] for i in rows])
+
+    def _after_shaped(self, slots, rows, constrained, states, tokens) -> None:
+        """The shaped rows' bookkeeping once their tokens are chosen."""
+        if constrained:
+            assert self._masks is not None
+            self._masks.advance([slots[i] for i in constrained], [tokens[i] for i in constrained])
+        for i in rows:
+            state = states[i]
+            state.generated += 1
+            if state.output_penalties:
+                self._count(slots[i], state, tokens[i])
+            if state.generated == state.min_tokens:
+                state.update_shaped()
 
     def _rows(self, scores: torch.Tensor, rows: list[int], name: str) -> torch.Tensor:
         """The given rows of `scores`: the tensor itself when it is all of them, else a copy in
@@ -308,6 +500,35 @@ class BatchSampler:
             grown[:, width:] = self._history[:, :1]
             self._history = grown
 
+    def _penalize_output(self, scores, slots, rows, states) -> None:
+        """Presence and frequency penalties, in place: one accumulating scatter over the rows'
+        [rows, distinct output tokens] tables (a column past a row's own adds 0)."""
+        width = max(len(states[i].seen) for i in rows)
+        index = np.array([slots[i] for i in rows])
+        ids = torch.from_numpy(self._output_ids[index, :width])
+        counts = torch.from_numpy(self._output_counts[index, :width])
+        frequency = torch.tensor([[states[i].frequency] for i in rows], dtype=torch.float32)
+        presence = torch.tensor([[states[i].presence] for i in rows], dtype=torch.float32)
+        penalty = counts * frequency + (counts > 0) * presence
+        row_index = torch.tensor(rows)[:, None].expand(-1, width)
+        scores.index_put_((row_index, ids), penalty.neg_(), accumulate=True)
+
+    def _count(self, slot: int, state: _SlotState, token: int) -> None:
+        column = state.seen.get(token)
+        if column is None:
+            column = state.seen[token] = len(state.seen)
+            if column >= self._output_ids.shape[1]:
+                self._grow_output_tables(2 * self._output_ids.shape[1])
+            self._output_ids[slot, column] = token
+        self._output_counts[slot, column] += 1.0
+
+    def _grow_output_tables(self, width: int) -> None:
+        old = self._output_ids.shape[1]
+        ids = np.zeros((self.n_slots, width), dtype=np.int64)
+        counts = np.zeros((self.n_slots, width), dtype=np.float32)
+        ids[:, :old], counts[:, :old] = self._output_ids, self._output_counts
+        self._output_ids, self._output_counts = ids, counts
+
 
 class _Workspace:
     """Named float32 buffers reused from step to step, grown when a step needs more."""
@@ -327,9 +548,11 @@ def _kept_logprobs(
 ) -> tuple[float, tuple[tuple[int, float], ...]]:
     """A sampled row's logprob and alternatives: the kept tokens, renormalized."""
     kept = int(result.kept[r])
-    lp = np.log(values[:kept].astype(np.float64) / result.mass[r])
+    with np.errstate(divide="ignore"):  # kept tokens of probability 0 (past a grammar's allowed set): -inf
+        lp = np.log(values[:kept].astype(np.float64) / result.mass[r])
     top = min(n, kept)
-    return float(lp[result.position[r]]), tuple((int(t), float(v)) for t, v in zip(ids[:top], lp[:top], strict=True))
+    alternatives = tuple((int(t), float(v)) for t, v in zip(ids[:top], lp[:top], strict=True) if v > -np.inf)
+    return float(lp[result.position[r]]), alternatives
 
 
 def _softmax_into(scores: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -343,11 +566,13 @@ def _softmax_into(scores: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 def top_alternatives(logprobs: torch.Tensor, n: int) -> tuple[tuple[int, float], ...]:
     """The n most likely (token id, logprob) of one position's [vocab] logprobs. The values are
     the same float32 numbers the chosen token's logprob is read from, so a client comparing
-    them (lm-eval's is_greedy) compares equal floats."""
+    them (lm-eval's is_greedy) compares equal floats. Tokens of logprob -inf (suppressed, or
+    outside a grammar) are no alternatives."""
     if n <= 0:
         return ()
     values, ids = torch.topk(logprobs, min(n, logprobs.shape[-1]))
-    return tuple((int(i), float(v)) for i, v in zip(ids, values, strict=False))
+    pairs = ((int(i), float(v)) for i, v in zip(ids, values, strict=False))
+    return tuple(pair for pair in pairs if pair[1] > -np.inf)
 
 
 def prompt_logprobs(logits: torch.Tensor, prompt_ids: tuple[int, ...], n_top: int) -> tuple[PromptTokenLogprob, ...]:

@@ -18,6 +18,18 @@ likely tokens over a flat background). A sampled row's token is the sampler's pi
 onto the tokenizer's text ids; a greedy row keeps the prompt-seeded draw (its argmax would be
 the same token every step). So a sampled request costs what it costs beside a device.
 
+The sampling fields, where the simulation can keep their promise:
+- `constraint` (batched sampler only): a constrained row's token IS the sampler's pick, grammar
+  mask included (over the profile's vocabulary, padded past the tokenizer's ids, which it never
+  allows), and the grammar, not the simulated EOS, ends it: the output matches, the mask costs
+  what it costs at the profile's vocabulary. Needs a tokenizer no wider than the profile.
+- `min_tokens`: the simulated EOS comes after it, and no stop token id is drawn before it.
+- `stop_token_ids`: they end the output when drawn (`Sequence`).
+- `presence_penalty`, `frequency_penalty`: applied by the sampler to the stand-in logits, as the
+  repetition penalty is (the host pays for them); the drawn text is the simulation's.
+- `logit_bias` is refused: a banned token must never appear and a forced one always, which
+  tokens drawn from the vocabulary cannot promise.
+
 Time charged per step (`charge`):
 - `live_rows` (default): a decode step costs the profile's time for the slots in it;
 - `compiled_batch`: every decode step costs the full compiled batch, which is what a
@@ -44,7 +56,7 @@ from handler.backends.sim_profile import Profile, load_profile, resolve_profile_
 from handler.backends.tokenizer import load_tokenizer
 from handler.config import HandlerConfig, SimConfig
 from handler.errors import ConfigError
-from handler.request import TokenChoice
+from handler.request import GenerationRequest, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +136,10 @@ class SimModel:
         n_positions: int,
         sim: SimConfig,
         clock: Clock | None = None,
+        tokenizer: Any = None,
     ) -> None:
+        """`tokenizer`: the one grammar masks are built on (batched sampler only); None: no
+        constraint can be served."""
         self.profile = profile
         self.vocab_ids = list(vocab_ids)
         self.eos_token_id = eos_token_id
@@ -133,8 +148,11 @@ class SimModel:
         self.clock = clock or RealClock()
         self.slots: dict[int, SimSlot] = {}
         self.busy_s = 0.0  # simulated device time charged so far
-        sampler = BatchSampler if sim.sampler == "batched" else PerSlotSampler
-        self.sampler = sampler(profile.batch_size, {eos_token_id}, n_positions)
+        self.sampler: BatchSampler | PerSlotSampler
+        if sim.sampler == "batched":
+            self.sampler = BatchSampler(profile.batch_size, {eos_token_id}, n_positions, tokenizer, profile.vocab_size)
+        else:
+            self.sampler = PerSlotSampler(profile.batch_size, {eos_token_id}, n_positions)
         self.logits = stand_in_logits(profile.batch_size, profile.vocab_size)
 
     def _charge(self, started: float, seconds: float) -> None:
@@ -154,14 +172,29 @@ class SimModel:
             slot = self.slots[s]
             slot.position += 1
             slot.generated += 1
-            if slot.generated == slot.eos_at:
+            request = slot.request
+            if request.constraint is not None:
+                token = pick.token_id  # the grammar's: among the tokenizer's ids, EOS once complete
+            elif slot.generated == slot.eos_at:
                 token = self.eos_token_id
-            elif slot.request.sampling.do_sample:
+            elif request.sampling.do_sample:
                 token = self.vocab_ids[pick.token_id % len(self.vocab_ids)]
             else:
                 token = slot.rng.choice(self.vocab_ids)
+            if request.constraint is None and slot.generated <= request.sampling.min_tokens:
+                token = self._not_stopping(slot, token)
             out.append(TokenChoice(token))  # no logits, so no logprobs
         return out
+
+    def _not_stopping(self, slot: SimSlot, token: int) -> int:
+        """Before min_tokens no stop token id may come (EOS cannot: eos_at is past min_tokens, and
+        the vocabulary ids hold no special token): one drawn is drawn again, from the slot's rng."""
+        stop = slot.request.stop_token_ids
+        for _ in range(64):
+            if token not in stop:
+                return token
+            token = slot.rng.choice(self.vocab_ids)
+        return next((t for t in self.vocab_ids if t not in stop), token)
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         """One single-row prefill per request, one after another; then the host samples the
@@ -169,11 +202,15 @@ class SimModel:
         for request in requests:
             if request.slot in self.slots:
                 raise ValueError(f"slot {request.slot} is occupied")
+            if request.constraint is not None and not isinstance(self.sampler, BatchSampler):
+                raise ValueError(f"slot {request.slot}: sampler: per_slot applies no grammar mask")
         try:
             for request in requests:
                 started = self.clock.now()
                 rng = random.Random(request_seed(request))
                 eos_at = None if request.ignore_eos else rng.randint(1, 2 * self.sim.mean_natural_tokens - 1)
+                if eos_at is not None and eos_at <= request.sampling.min_tokens:
+                    eos_at = request.sampling.min_tokens + 1
                 self.slots[request.slot] = SimSlot(request, rng, eos_at, position=len(request.prompt_ids))
                 self.sampler.add(request)
                 self._charge(started, self.profile.prefill_s(1, len(request.prompt_ids)))
@@ -211,6 +248,16 @@ class SimBackend(Backend):
         self.n_slots = self.profile.batch_size
         vocab_ids = text_token_ids(self.tokenizer)
         self.n_positions = clamp_n_positions(config.n_positions, self.profile.n_positions, "profile")
+        self._constraint_refusal: str | None = None
+        if config.sim.sampler != "batched":
+            self._constraint_refusal = (
+                "sampler: per_slot is the benchmark baseline; it applies no grammar mask (use sampler: batched)"
+            )
+        elif len(self.tokenizer) > self.profile.vocab_size:
+            self._constraint_refusal = (
+                f"the sim profile's vocabulary ({self.profile.vocab_size} tokens) is narrower than the tokenizer's "
+                f"({len(self.tokenizer)}), so a grammar over the tokenizer cannot mask its logits"
+            )
         self.model = SimModel(
             self.profile,
             vocab_ids,
@@ -218,6 +265,7 @@ class SimBackend(Backend):
             self.n_positions,
             config.sim,
             clock,
+            tokenizer=None if self._constraint_refusal else self.tokenizer,
         )
         logger.info(
             "sim profile %s: batch_size=%d n_positions=%d step(1)=%.2f ms step(%d)=%.2f ms charge=%s time_scale=%g",
@@ -238,8 +286,26 @@ class SimBackend(Backend):
             return "the sim backend has no logits (it simulates timing, not a model), so it returns no logprobs"
         return None
 
+    def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
+        """logit_bias always (see the module docstring); a constraint without the batched sampler or
+        a tokenizer that fits the profile."""
+        if request.sampling.logit_bias:
+            return "logit_bias", (
+                "the sim backend draws its tokens from the vocabulary (it simulates timing, not a model), so it "
+                "cannot keep a bias's promise (a banned token never appears, a forced one always does)"
+            )
+        if request.constraint is None:
+            return None
+        if self._constraint_refusal is not None:
+            return "constraint", self._constraint_refusal
+        sampler = self.model.sampler
+        return sampler.refusal(request) if isinstance(sampler, BatchSampler) else None
+
     def warmup(self) -> None:
-        """Let the clock learn how late `time.sleep` wakes before the first request."""
+        """Build the sampler's grammar masks, and let the clock learn how late `time.sleep` wakes
+        before the first request."""
+        if isinstance(self.model.sampler, BatchSampler):
+            self.model.sampler.warmup()
         clock = self.model.clock
         for _ in range(20):
             clock.sleep_until(clock.now() + 0.005)

@@ -73,8 +73,10 @@ class Sequence:
     first_token_at: float | None = None
     last_token_at: float | None = None
     choice_index: int = 0  # which of the request's `n` outputs this is
+    response_id: str = ""  # the id of the response this output belongs to ("": request_id)
 
     def __post_init__(self) -> None:
+        self.response_id = self.response_id or self.request_id
         self._detokenizer = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
         self._stops = StopStringMatcher(self.request.stop)
 

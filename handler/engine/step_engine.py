@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from handler import failpoints
-from handler.backends.base import Backend
+from handler.backends.base import Backend, SlotRequestError
 from handler.engine.outbox import Outboxes, Update
 from handler.engine.scheduler import SlotScheduler
 from handler.engine.sequence import Sequence
-from handler.errors import EngineError, ServingError
+from handler.errors import EngineError, InvalidRequest, ServingError
 from handler.request import TokenChoice
 
 logger = logging.getLogger(__name__)
@@ -221,6 +221,16 @@ class StepEngine:
             a.item.admitted_at = started
         try:
             choices = self.backend.prefill([a.item.slot_request(a.slot) for a in admitted])
+        except SlotRequestError as exc:  # one request's fault: it fails alone, the others go again
+            bad = [a for a in admitted if a.slot == exc.slot]
+            rest = [a for a in admitted if a.slot != exc.slot]
+            if not bad:
+                self._fail([(a.slot, a.item) for a in admitted], exc, "prefill")
+                return self._clock() - started
+            self._fail([(a.slot, a.item) for a in bad], InvalidRequest(str(exc), "constraint"), "prefill")
+            for a in rest:
+                self._release(a.slot)
+            return self._clock() - started + (self._prefill(rest) if rest else 0.0)
         except Exception as exc:
             self._fail([(a.slot, a.item) for a in admitted], exc, "prefill")
             return self._clock() - started
@@ -266,7 +276,7 @@ class StepEngine:
 
     def _fail(self, rows: list[tuple[int, Sequence]], exc: BaseException, what: str) -> None:
         logger.error("%s failed for %d sequence(s)", what, len(rows), exc_info=exc)
-        error = exc if isinstance(exc, EngineError) else EngineError(f"generation failed: {exc}")
+        error = exc if isinstance(exc, ServingError) else EngineError(f"generation failed: {exc}")
         with self._changed:
             for _, sequence in rows:
                 sequence.fail(error)

@@ -46,6 +46,6 @@ def grammar_problem(constraint: Constraint) -> str | None:
 
 
 def json_schema_text(schema: object) -> str:
-    """A schema as the constraint's value: JSON text with sorted keys, so equal schemas share a
-    cache entry whatever the order their client wrote the keys in."""
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    """A schema as the constraint's value: compact JSON text in the client's key order (the order
+    of `properties` is the order the output's fields must come in, as OpenAI's strict mode does)."""
+    return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))

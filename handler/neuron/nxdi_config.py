@@ -79,13 +79,25 @@ def refused_nxdi_options(options: Mapping[str, Option]) -> list[str]:
 
 def device_sampling_refusal(request: GenerationRequest, global_topk: int) -> tuple[str, str] | None:
     """(the request field, why) for what NxDI's on-device sampler cannot do: it takes a row's
-    top_k (at most global_topk), top_p and temperature, and nothing else (no seed input)."""
+    top_k (at most global_topk), top_p and temperature, and nothing else (no seed input, no
+    logits processing, no grammar mask). `stop_token_ids` pass: they end a sequence on the host
+    (`Sequence`), whatever picked the token; suppressing them (and EOS) is min_tokens', refused."""
     sampling = request.sampling
     why = "handler.nxdi.on_device_sampling is on and the device sampler takes only top_k, top_p and temperature"
     if sampling.seed is not None and sampling.seed_from_client:
         return "seed", why
     if sampling.repetition_penalty != 1.0:
         return "repetition_penalty", why
+    if sampling.presence_penalty != 0.0:
+        return "presence_penalty", why
+    if sampling.frequency_penalty != 0.0:
+        return "frequency_penalty", why
+    if sampling.logit_bias:
+        return "logit_bias", why
+    if sampling.min_tokens > 0:
+        return "min_tokens", f"{why}: it cannot suppress EOS and the stop tokens"
+    if request.constraint is not None:
+        return "constraint", f"{why}: it cannot apply a grammar mask (turn on_device_sampling off to constrain output)"
     if sampling.do_sample and sampling.top_k > global_topk:
         return "top_k", f"on-device sampling draws from the {global_topk} most likely tokens (handler.nxdi.global_topk)"
     return None
@@ -131,7 +143,8 @@ class NxdiConfig(DeviceSection):
     on_device_sampling: bool = Field(
         default=False,
         description="sample on the device (OnDeviceSamplingConfig(dynamic=True)): each row's top_k / top_p / "
-        "temperature; requests asking for a seed, repetition_penalty, logprobs or top_k above global_topk get a 400",
+        "temperature; requests asking for a seed, a penalty, logit_bias, min_tokens, a constraint (structured "
+        "output), logprobs or top_k above global_topk get a 400",
     )
     global_topk: int = Field(
         default=DEFAULT_GLOBAL_TOPK, ge=1, le=4096, description="on-device sampling: candidates per row"

@@ -93,7 +93,8 @@ class GenerationService:
         try:
             url_path = context.get_request_header(index, "url_path")
             body = None if route_path(url_path) else decode_body(body_of(row))  # no route: the body picks it
-            work.api = select_api(url_path, context.model_name, body, self.config.handler.no_route_api)
+            handler = self.config.handler
+            work.api = select_api(url_path, context.model_name, body, handler.no_route_api, handler.tool_call_parser)
             if refusal is not None:
                 raise refusal
             work.reply = work.api.immediate()
@@ -121,6 +122,7 @@ class GenerationService:
                     work.request_id if i == 0 else f"{work.request_id}/{i}",
                     received_at=work.arrived_at,  # TTFT and queue wait count from receipt, before parsing
                     choice_index=i,
+                    response_id=work.request_id,
                 )
                 for i in range(request.n)
             ]
@@ -153,11 +155,11 @@ class GenerationService:
     def _check_output_rules(self, request: GenerationRequest, api: Api) -> None:
         """What the output may hold: token ids the request names are in the vocabulary, a constraint
         compiles (the grammar engine's reason is the 400's), `n` > 1 has continuous batching."""
-        vocab = self.backend.vocab_size or len(self.backend.tokenizer)
         for field_name, ids in (
             ("logit_bias", [t for t, _ in request.sampling.logit_bias]),
             ("stop_token_ids", list(request.stop_token_ids)),
         ):
+            vocab = (self.backend.vocab_size or len(self.backend.tokenizer)) if ids else 0
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 param = api.wire_name(field_name)
@@ -170,7 +172,7 @@ class GenerationService:
                 )
             problem = grammar_problem(request.constraint)
             if problem is not None:
-                raise InvalidRequest(f"{param} cannot be enforced: {problem}", param)
+                raise InvalidRequest(f"{param} cannot be enforced: {_first_line(problem)}", param)
         if request.n > 1 and self.config.scheduler.mode != "continuous":
             raise InvalidRequest("n > 1 needs scheduler.mode continuous; send n separate requests", api.wire_name("n"))
 
@@ -219,6 +221,12 @@ class GenerationService:
 
     def close(self) -> None:
         self.backend.close()
+
+
+def _first_line(message: str, limit: int = 300) -> str:
+    """The gist of a grammar engine's error (a Lark error goes on to quote the whole grammar)."""
+    line = message.strip().splitlines()[0] if message.strip() else message
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:

@@ -94,6 +94,8 @@ class StaticServing:
         return work
 
     def _send_chunk(self, work: Work, chunk: str, context: Any) -> None:
+        if not chunk:  # a route holding text back (a possible tool call) has nothing to send yet
+            return
         with self._socket_lock:
             send_intermediate_predict_response(
                 {work.index: chunk}, {work.index: work.request_id}, "Intermediate Prediction success", 200, context

@@ -141,7 +141,7 @@ def test_suite_prints_and_writes_p7_against_stand_in_servers(tmp_path, monkeypat
     monkeypatch.setattr(bench_suite, "PromptMaker", lambda *a, **k: None)
     monkeypatch.setattr(bench_replicas, "PromptMaker", lambda *a, **k: None)
     out = tmp_path / "bench-sim"
-    argv = ["--out", str(out), "--workdir", str(tmp_path), "--des-requests", "200", "--no-progress"]
+    argv = ["--out", str(out), "--workdir", str(tmp_path), "--des-requests", "200", "--no-progress", "--no-constrained"]
     bench_suite.main(argv + ["--modes", "continuous", "--sweep", "none", "--no-sampled"])
 
     text = capsys.readouterr().out

@@ -42,7 +42,7 @@ def test_bench_suite_runs_both_modes_on_a_tiny_load(tiny_model_dir, tmp_path):
     cmd += ["--workdir", str(tmp_path / "work"), "--out", str(out), "--no-progress", "--time-scale", "0.5"]
     cmd += ["--sync-requests", "2", "--concurrent-rounds", "1", "--poisson-requests", "6", "--output-tokens", "12"]
     cmd += ["--sweep", "0.5", "--sweep-min-requests", "3", "--sweep-seconds", "0.01", "--des-requests", "200"]
-    cmd += ["--no-replicas"]  # P7's stage: tests/bench/test_bench_replicas.py
+    cmd += ["--no-replicas", "--no-constrained"]  # P7's and P9's stages have their own tests
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=460)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -124,7 +124,17 @@ def test_suite_end_to_end_against_a_stand_in_server(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(bench_suite.bench_sampling, "measure", lambda **_: real_measure(1, 1, flat=False))
     monkeypatch.setattr(bench_suite, "PromptMaker", lambda *a, **k: None)
     out = tmp_path / "bench-sim"
-    argv = ["--out", str(out), "--workdir", str(tmp_path), "--des-requests", "500", "--no-progress", "--no-replicas"]
+    argv = [
+        "--out",
+        str(out),
+        "--workdir",
+        str(tmp_path),
+        "--des-requests",
+        "500",
+        "--no-progress",
+        "--no-replicas",
+        "--no-constrained",
+    ]
     bench_suite.main(argv)
 
     text = capsys.readouterr().out

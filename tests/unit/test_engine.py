@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from handler import failpoints
-from handler.backends.base import Backend, SlotRequest
+from handler.backends.base import Backend, SlotRequest, SlotRequestError
 from handler.engine.micro_batch import MicroBatchEngine
 from handler.engine.sequence import FinishReason, State
 from handler.engine.sequence import Sequence as Seq
 from handler.engine.step_engine import StepEngine, StepRecord, Update
-from handler.errors import EngineError
+from handler.errors import EngineError, InvalidRequest
 from handler.request import GenerationRequest, TokenChoice
 
 EOS = 2
@@ -324,6 +324,37 @@ def test_a_prefill_failure_fails_only_the_admitted_ones(tiny_tokenizer):
     assert log.text["steady"] == solo(tiny_tokenizer, "steady")[0]
     assert log.text["later"] == solo(tiny_tokenizer, "later")[0]
     assert log.ended["steady"].sequence.error is None and log.ended["later"].sequence.error is None
+    assert not backend.violations and not backend.live
+
+
+class OneBadRequestBackend(ScriptedBackend):
+    """Refuses the request whose prompt says "bad grammar" as the sampler refuses a constraint that
+    does not compile: a SlotRequestError naming its slot, after the whole call's forward."""
+
+    def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
+        out = super().prefill(requests)
+        for r in requests:
+            if "bad grammar" in self.tokenizer.decode(r.prompt_ids):
+                raise SlotRequestError(r.slot, "the constraint cannot be enforced: no")
+        return out
+
+
+def test_a_request_the_backend_refuses_fails_alone_and_its_call_mates_are_prefilled_again(tiny_tokenizer):
+    backend = OneBadRequestBackend(tiny_tokenizer, n_slots=4)
+    engine = engine_for(backend)
+    ids = ["first", "bad grammar", "third"]
+    for prompt in ids:
+        engine.submit(make_seq(tiny_tokenizer, prompt))
+    log = Log()
+    run_until_idle(engine, log, ids)
+    prefills = [c for c in backend.calls if c[0] == "prefill"]
+    assert prefills[0][2] == ("first", "bad grammar", "third") and prefills[1][2] == ("first", "third")
+    bad = log.ended["bad grammar"].sequence
+    assert (
+        isinstance(bad.error, InvalidRequest) and bad.error.status == 400 and "cannot be enforced" in bad.error.message
+    )
+    for prompt in ("first", "third"):
+        assert log.text[prompt] == solo(tiny_tokenizer, prompt)[0] and log.ended[prompt].sequence.error is None
     assert not backend.violations and not backend.live
 
 

@@ -153,7 +153,7 @@ def test_neutral_values_of_unsupported_knobs_are_accepted():
         ({"type": "regex", "value": "[0-9]{3}"}, Constraint("regex", "[0-9]{3}")),
         (
             {"type": "json", "value": {"type": "object", "required": ["a"]}},
-            Constraint("json_schema", '{"required":["a"],"type":"object"}'),
+            Constraint("json_schema", '{"type":"object","required":["a"]}'),
         ),
         ({"type": "json", "value": '{"type": "object"}'}, Constraint("json_schema", '{"type":"object"}')),
         (
