@@ -182,6 +182,17 @@ def logit_bias(bias: dict[str, float] | None, param: str = "logit_bias") -> tupl
     return tuple(sorted(out))
 
 
+def output_shaping(fields: Any) -> dict[str, Any]:
+    """The SamplingParams fields that OpenAI's and the native body spell alike: `presence_penalty`,
+    `frequency_penalty`, `logit_bias`, `min_tokens`, validated."""
+    return {
+        "presence_penalty": penalty(fields.presence_penalty, "presence_penalty"),
+        "frequency_penalty": penalty(fields.frequency_penalty, "frequency_penalty"),
+        "logit_bias": logit_bias(fields.logit_bias),
+        "min_tokens": fields.min_tokens or 0,
+    }
+
+
 def penalty(value: float | int | None, param: str) -> float:
     """An OpenAI presence / frequency penalty, between -2 and 2 (0 when absent)."""
     if value is None:

@@ -25,8 +25,7 @@ from handler.api.common import (
     extra_fields,
     grammar_constraint,
     log_ignored,
-    logit_bias,
-    penalty,
+    output_shaping,
     stop_strings,
     validated,
 )
@@ -124,10 +123,7 @@ def _sampling(params: GenerationParameters) -> SamplingParams:
         top_p=1.0 if params.top_p is None else float(params.top_p),
         repetition_penalty=1.0 if params.repetition_penalty is None else float(params.repetition_penalty),
         seed=params.seed,
-        presence_penalty=penalty(params.presence_penalty, "presence_penalty"),
-        frequency_penalty=penalty(params.frequency_penalty, "frequency_penalty"),
-        logit_bias=logit_bias(params.logit_bias),
-        min_tokens=params.min_tokens or 0,
+        **output_shaping(params),
     )
 
 

@@ -31,8 +31,7 @@ from handler.api.common import (
     extra_fields,
     json_schema_constraint,
     log_ignored,
-    logit_bias,
-    penalty,
+    output_shaping,
     sse,
     stop_strings,
     validated,
@@ -524,10 +523,7 @@ def _sampling(req: Any) -> SamplingParams:
         top_k=max(req.top_k or 0, 0),
         repetition_penalty=1.0 if req.repetition_penalty is None else float(req.repetition_penalty),
         seed=req.seed,
-        presence_penalty=penalty(req.presence_penalty, "presence_penalty"),
-        frequency_penalty=penalty(req.frequency_penalty, "frequency_penalty"),
-        logit_bias=logit_bias(req.logit_bias),
-        min_tokens=req.min_tokens or 0,
+        **output_shaping(req),
     )
 
 
