@@ -172,7 +172,7 @@ class GenerationService:
                 )
             problem = grammar_problem(request.constraint)
             if problem is not None:
-                raise InvalidRequest(f"{param} cannot be enforced: {_first_line(problem)}", param)
+                raise InvalidRequest(f"{param} cannot be enforced: {_gist(problem)}", param)
         if request.n > 1 and self.config.scheduler.mode != "continuous":
             raise InvalidRequest("n > 1 needs scheduler.mode continuous; send n separate requests", api.wire_name("n"))
 
@@ -223,10 +223,12 @@ class GenerationService:
         self.backend.close()
 
 
-def _first_line(message: str, limit: int = 300) -> str:
-    """The gist of a grammar engine's error (a Lark error goes on to quote the whole grammar)."""
-    line = message.strip().splitlines()[0] if message.strip() else message
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+def _gist(message: str, limit: int = 300) -> str:
+    """The gist of a grammar engine's error: its first line, and the `error: ...` line a regex
+    error puts under the quoted pattern (a Lark error goes on to quote the whole grammar)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    gist = " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error:")])
+    return gist if len(gist) <= limit else gist[: limit - 1] + "…"
 
 
 def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:

@@ -53,7 +53,7 @@ E2E_MODEL_CONFIG = {
     "responseTimeout": 60,
     "handler": {
         "model_checkpoint_dir": "model",
-        "n_positions": 512,
+        "n_positions": 2048,  # a prompt with tools is ~600 tiny-model tokens (2 characters each)
         "default_max_new_tokens": 32,
         "max_new_tokens": 256,
     },
