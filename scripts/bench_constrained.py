@@ -1,11 +1,12 @@
 """Constrained decoding on the host, per step, through the project's own path (P9 of `make bench`).
 
 B slots (default 8), each with its own `GrammarMasks` matcher (handler/grammar/masks.py) for the
-10-field JSON Schema of scripts/bench_grammar.py (its grammar b, "schema-10"; copied here, since
-that script needs jsonschema, which the repository's environment does not have), given the way
-the API layer gives it: `Constraint("json_schema", json_schema_text(schema))`. Slot r starts its
-first document r/B of the way in (teacher-forced), so the rows sit at different places in their
-outputs. Each step, over [B, vocab] float32 logits:
+10-field JSON Schema of scripts/bench_grammar.py (its grammar b, "schema-10"; defined here and
+imported there: that script needs jsonschema, which the repository's environment does not have,
+so this one must not import it), given the way the API layer gives it:
+`Constraint("json_schema", json_schema_text(schema))`. Slot r starts its first document r/B of
+the way in (teacher-forced), so the rows sit at different places in their outputs. Each step,
+over [B, vocab] float32 logits:
   mask     `GrammarMasks.mask`: every row's allowed tokens into one bitmask (llguidance's
            batched fill) and -inf into the logits wherever a token is not allowed (apply);
   advance  `GrammarMasks.advance`: each matcher takes its row's token; a slot whose document
@@ -61,7 +62,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -74,8 +75,11 @@ from handler.backends.base import SlotRequest
 from handler.backends.sampling import BatchSampler
 from handler.backends.sim_profile import load_profile
 from handler.grammar.grammars import json_schema_text
-from handler.grammar.masks import GrammarMasks
 from handler.request import Constraint, SamplingParams
+
+if TYPE_CHECKING:  # imported where it is used: llguidance.torch takes seconds to import, and
+    # bench_grammar.py, which imports this module, times each engine's setup from a clean start
+    from handler.grammar.masks import GrammarMasks
 
 PROFILE = REPO / "profiles" / "llama-3.1-8b-inf2-48xl-tp8.yaml"
 P9_GOAL = 0.05
@@ -126,9 +130,8 @@ def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def sample_document(rng: random.Random) -> str:
-    """A valid document as the project's grammar writes it: compact JSON, its keys in the order
-    of the schema's `properties` (the grammar keeps the schema's order)."""
+def schema_10_value(rng: random.Random) -> dict[str, Any]:
+    """A valid schema-10 document (bench_grammar.py's grammar b too), its keys in SCHEMA_10's order."""
     doc: dict[str, Any] = {
         "id": rng.randint(1, 99999),
         "name": _words(rng, rng.randint(1, 3)).title(),
@@ -146,6 +149,13 @@ def sample_document(rng: random.Random) -> str:
     }
     if rng.random() < 0.5:
         doc["notes"] = _words(rng, rng.randint(2, 6))
+    return doc
+
+
+def sample_document(rng: random.Random) -> str:
+    """A valid document as the project's grammar writes it: compact JSON, its keys in the order
+    of the schema's `properties` (the grammar keeps the schema's order)."""
+    doc = schema_10_value(rng)
     order = list(json.loads(json_schema_text(SCHEMA_10))["properties"])
     doc = {k: doc[k] for k in order if k in doc}
     address_order = list(json.loads(json_schema_text(SCHEMA_10))["properties"]["address"]["properties"])
@@ -256,7 +266,7 @@ def _byte_chars() -> dict[int, str]:
 
 def _synthetic_llama3() -> Any:
     """A byte-level BPE of 128,256 tokens: trained on scripts/corpus.txt, its vocabulary topped
-    up with random strings. Unlike bench_grammar.py's, the extra tokens are entries of the BPE
+    up with random strings (bench_grammar.py's too). The extra tokens are entries of the BPE
     vocabulary, not added tokens: llguidance takes about 100 s to read 120,000 added tokens,
     and 2-4 s for a vocabulary of that size (as for the real one)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -371,6 +381,25 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def fastest_steps(passes: Sequence[Sequence[list[float]]], timed: int) -> tuple[list[list[float]], bool]:
+    """Each pass's per-step time series (s), one list per part of the step, reduced to one
+    pass: each step's fastest pass when every pass took the same steps (True), else the
+    fastest pass by the sum of its first `timed` series (False)."""
+    if len({len(p[0]) for p in passes}) == 1:
+        return [[min(v) for v in zip(*(p[k] for p in passes), strict=True)] for k in range(len(passes[0]))], True
+    return list(min(passes, key=lambda p: sum(map(sum, p[:timed])))), False
+
+
+def step_ms_stats(step_t: Sequence[float]) -> tuple[float, float, float, float]:
+    """The mean, p50, p99 and max of per-step times (s), in ms."""
+    return (
+        statistics.fmean(step_t) * 1e3,
+        _quantile(step_t, 0.50) * 1e3,
+        _quantile(step_t, 0.99) * 1e3,
+        max(step_t) * 1e3,
+    )
+
+
 def _logits_pool(vocab: Vocab, rows: int, docs: Sequence[str], seed: int) -> tuple[list[torch.Tensor], int]:
     """NOISE_POOL [rows, vocab] logits tensors (noise + the document tokens' bonus), and the
     token cap of one output."""
@@ -437,6 +466,8 @@ def _measure(
     sampler_steps: int,
     sampler_repeats: int,
 ) -> Measurement:
+    from handler.grammar.masks import GrammarMasks
+
     res = Measurement(vocab.label, vocab.size, vocab.eos, vocab.synthetic, rows, torch.get_num_threads(), repeats)
     constraint = Constraint("json_schema", json_schema_text(SCHEMA_10))
     masks = GrammarMasks(vocab.tokenizer, vocab.size, [vocab.eos])
@@ -522,18 +553,13 @@ def _measure(
             res.outputs, res.steps = outputs, len(mask_t)
         res.pass_step_ms.append((sum(mask_t) + sum(adv_t)) / len(mask_t) * 1e3)
         passes.append((mask_t, adv_t))
-    if len({len(p[0]) for p in passes}) == 1:  # each step's fastest pass
-        mask_t, adv_t = ([min(v) for v in zip(*(p[k] for p in passes), strict=True)] for k in range(2))
-    else:  # (not expected: llguidance is deterministic) the fastest pass
-        mask_t, adv_t = min(passes, key=lambda p: sum(p[0]) + sum(p[1]))
+    (mask_t, adv_t), same_steps = fastest_steps(passes, timed=2)
+    if not same_steps:  # (not expected: llguidance is deterministic)
         res.notes.append("the passes took different steps: the fastest pass is reported")
     step_t = [m + a for m, a in zip(mask_t, adv_t, strict=True)]
     res.mask_ms = statistics.fmean(mask_t) * 1e3
     res.advance_ms = statistics.fmean(adv_t) * 1e3
-    res.step_ms = statistics.fmean(step_t) * 1e3
-    res.step_p50_ms = _quantile(step_t, 0.50) * 1e3
-    res.step_p99_ms = _quantile(step_t, 0.99) * 1e3
-    res.step_max_ms = max(step_t) * 1e3
+    res.step_ms, res.step_p50_ms, res.step_p99_ms, res.step_max_ms = step_ms_stats(step_t)
     res.mean_tokens = statistics.fmean(lengths) if lengths else 0.0
     if sampler:
         built = constrained_sampler(rows, vocab, masks)

