@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from handler.backends import sampling
+from handler.backends import sampling, shaping
 from handler.backends.base import SlotRequest
 from handler.backends.sampling import BatchSampler, choose_sorted, sorted_candidates
 from handler.backends.sim import SimBackend
@@ -99,7 +99,7 @@ def test_a_frequency_penalty_spreads_a_greedy_row_over_its_favourites() -> None:
 
 
 def test_output_tables_grow_and_a_reused_slot_starts_clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sampling, "OUTPUT_TABLE_COLUMNS", 2)
+    monkeypatch.setattr(shaping, "OUTPUT_TABLE_COLUMNS", 2)
     vocab = 40
     sampler = BatchSampler(2, set(), 8)
     sampler.add(slot(1, frequency_penalty=0.5, logprobs=vocab))
@@ -357,7 +357,7 @@ def test_a_bad_grammar_raises_at_add_and_leaves_nothing_behind(grammar_sampler) 
         grammar_sampler.add(slot(0, constraint=Constraint("regex", "[0-9")))
     assert 0 not in grammar_sampler._slots
     grammar_sampler.add(slot(0))  # the slot serves the next request as usual
-    assert len(grammar_sampler.sample([0], torch.randn(1, grammar_sampler._vocab_size))) == 1
+    assert len(grammar_sampler.sample([0], torch.randn(1, grammar_sampler._shaper.vocab_size))) == 1
 
 
 def test_a_slot_reused_without_a_constraint_is_not_masked(grammar_sampler, tiny_tokenizer) -> None:
