@@ -40,7 +40,9 @@ def run(backend: Any, requests: list[GenerationRequest]) -> list[Sequence]:
     return sequences
 
 
-def test_a_constrained_request_matches_its_grammar_beside_a_free_one(backend):
+def test_grammar_bias_and_penalties_on_device_logits(backend):
+    """One backend start per SDK (each costs a fake compile): a constrained request beside a free
+    one, each as it is alone; then logit_bias and the penalties on the same backend."""
     constrained = GenerationRequest("Today the weather is", 20, constraint=DIGITS)
     sampled = GenerationRequest(
         "Once upon a time", 20, SamplingParams(do_sample=True, seed=5, temperature=0.9), constraint=DIGITS
@@ -53,8 +55,6 @@ def test_a_constrained_request_matches_its_grammar_beside_a_free_one(backend):
     alone = [run(backend, [r])[0].token_ids for r in (constrained, sampled, free)]
     assert [s.token_ids for s in together] == alone
 
-
-def test_logit_bias_and_penalties_on_device_logits(backend):
     (greedy,) = run(backend, [GenerationRequest("Today the weather is", 6, ignore_eos=True)])
     favourite = greedy.token_ids[0]
     banned = GenerationRequest(
