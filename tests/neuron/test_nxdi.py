@@ -19,12 +19,10 @@ import torch
 
 from handler.backends.base import SlotRequest
 from handler.config import ServingConfig
-from handler.engine.sequence import Sequence
-from handler.engine.step_engine import StepEngine
 from handler.errors import ConfigError
 from handler.replicas.model import start_replicas
 from handler.request import GenerationRequest, SamplingParams
-from tests.neuron.conftest import Driver, calls, greedy, hf_greedy, nxdi_yaml, run_alone
+from tests.neuron.conftest import Driver, calls, greedy, hf_greedy, nxdi_yaml, run_alone, run_to_end
 
 
 def test_a_one_token_prompt_runs_in_the_smallest_bucket_and_is_the_models_own(backend, checkpoint, fake_neuronx):
@@ -193,19 +191,7 @@ def test_logits_wider_than_the_vocabulary_are_cut_before_sampling(backend):
 
 def engine_run(backend: Any, requests: list[GenerationRequest]) -> list[list[int]]:
     """Every request through a StepEngine (more requests than slots wait for one); their tokens."""
-    engine = StepEngine(backend, prefill_token_budget=4096)
-    sequences = [
-        Sequence(r, backend.encode(r.prompt), backend.tokenizer, backend.eos_token_ids, f"r{i}")
-        for i, r in enumerate(requests)
-    ]
-    for sequence in sequences:
-        engine.submit(sequence)
-    for _ in range(500):
-        if all(s.finished for s in sequences):
-            break
-        engine.step()
-    assert all(s.finished and s.error is None for s in sequences)
-    return [s.token_ids for s in sequences]
+    return [s.token_ids for s in run_to_end(backend, requests)]
 
 
 def test_more_requests_than_slots_and_seeded_sampling_whatever_the_batch(backend):

@@ -18,21 +18,12 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from tests.structured import PERSON_SCHEMA, assert_person
+
 pytestmark = pytest.mark.e2e
 
 MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
 PROMPT = "Once upon a time"
-# Bounded output: at most 10 characters of name and 3 digits of age, compact JSON (no blanks),
-# so a schema-constrained answer always completes well inside MAX_TOKENS.
-PERSON_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 10},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True}}
 MAX_TOKENS = 200
 
@@ -89,14 +80,6 @@ def parses_as_object(text: str) -> bool:
         return isinstance(json.loads(text), dict)
     except json.JSONDecodeError:
         return False
-
-
-def assert_person(text: str) -> None:
-    """`text` is one JSON document valid against PERSON_SCHEMA (checked by hand)."""
-    person = json.loads(text)
-    assert isinstance(person, dict) and set(person) == {"name", "age"}, text
-    assert isinstance(person["name"], str) and len(person["name"]) <= 10, text
-    assert type(person["age"]) is int and 0 <= person["age"] <= 150, text
 
 
 def bad_request(call, *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -3,7 +3,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
+from huggingface_hub import InferenceClient
 
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from scripts.torchserve_compat import has_secure_defaults
@@ -58,3 +60,16 @@ def api_key(server: TorchServe) -> str:
 @pytest.fixture(scope="package")
 def generate_url(server: TorchServe) -> str:
     return f"{server.predictions_url}/1.0/generate"
+
+
+@pytest.fixture(autouse=True)
+def _hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/conftest.py sets HF_HUB_OFFLINE=1 (models load from disk); huggingface_hub then
+    refuses every request, a local base_url included. The client may talk to our server."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
+@pytest.fixture(scope="module")
+def client(generate_url: str, api_key: str) -> InferenceClient:
+    """huggingface_hub's client on the server's `generate` route."""
+    return InferenceClient(base_url=generate_url, api_key=api_key, timeout=60)

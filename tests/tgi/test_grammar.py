@@ -10,46 +10,18 @@ import json
 import re
 
 import httpx
-import huggingface_hub.constants
 import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError
 from huggingface_hub.inference._generated.types import TextGenerationInputGrammarType
 
+from tests.structured import PERSON_SCHEMA, assert_person
+
 pytestmark = pytest.mark.e2e
 
 PROMPT = "Once upon a time"
-# Bounded: at most 10 characters of name and 3 digits of age in compact JSON, so a constrained
-# answer always completes inside MAX_NEW_TOKENS (finish reason eos_token).
-PERSON_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 10},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 REGEX = "[0-9]{3}-[a-z]{2}"
 MAX_NEW_TOKENS = 100
-
-
-@pytest.fixture(autouse=True)
-def _hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tests/conftest.py sets HF_HUB_OFFLINE=1; the client may still talk to our server."""
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-
-
-@pytest.fixture(scope="module")
-def client(generate_url: str, api_key: str) -> InferenceClient:
-    return InferenceClient(base_url=generate_url, api_key=api_key, timeout=60)
-
-
-def assert_person(text: str) -> None:
-    person = json.loads(text)
-    assert isinstance(person, dict) and set(person) == {"name", "age"}, text
-    assert isinstance(person["name"], str) and len(person["name"]) <= 10, text
-    assert type(person["age"]) is int and 0 <= person["age"] <= 150, text
 
 
 def test_the_random_model_alone_matches_neither(client: InferenceClient):

@@ -8,7 +8,6 @@ import math
 import time
 
 import httpx
-import huggingface_hub.constants
 import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError
@@ -20,18 +19,6 @@ from tests.tgi.conftest import FAILPOINT_MARKER, HAS_URL_PATH, TGI_MODEL_CONFIG
 pytestmark = pytest.mark.e2e
 
 PROMPT = "Once upon a time"
-
-
-@pytest.fixture(autouse=True)
-def _hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tests/conftest.py sets HF_HUB_OFFLINE=1 (models load from disk); huggingface_hub then
-    refuses every request, a local base_url included. The client may talk to our server."""
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-
-
-@pytest.fixture(scope="module")
-def client(generate_url: str, api_key: str) -> InferenceClient:
-    return InferenceClient(base_url=generate_url, api_key=api_key, timeout=60)
 
 
 def test_non_streamed_text(client: InferenceClient):
