@@ -44,10 +44,6 @@ class SamplingParams:
     # EOS and the stop token ids are suppressed until this many tokens were generated.
     min_tokens: int = 0
 
-    @property
-    def needs_output_history(self) -> bool:
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-
 
 @dataclass(frozen=True)
 class GenerationRequest:

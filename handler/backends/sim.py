@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 import torch
 
-from handler.backends.base import Backend, SlotRequest, clamp_n_positions
+from handler.backends.base import Backend, SlotRequest, SlotRequestError, clamp_n_positions
 from handler.backends.sampling import BatchSampler
 from handler.backends.sampling_per_slot import PerSlotSampler
 from handler.backends.sim_profile import Profile, load_profile, resolve_profile_path
@@ -203,7 +203,7 @@ class SimModel:
             if request.slot in self.slots:
                 raise ValueError(f"slot {request.slot} is occupied")
             if request.constraint is not None and not isinstance(self.sampler, BatchSampler):
-                raise ValueError(f"slot {request.slot}: sampler: per_slot applies no grammar mask")
+                raise SlotRequestError(request.slot, "sampler: per_slot applies no grammar mask")
         try:
             for request in requests:
                 started = self.clock.now()

@@ -18,9 +18,10 @@ COMPACT_JSON: llguidance.JsonCompileOptions = {"whitespace_flexible": False}
 ANY_JSON_OBJECT = {"type": "object"}
 
 
+@functools.lru_cache(maxsize=256)
 def llguidance_grammar(constraint: Constraint) -> str:
-    """The grammar text llguidance's matcher takes. Raises ValueError for a schema that is not
-    a JSON object."""
+    """The grammar text llguidance's matcher takes (cached: the receipt check and the slot's
+    matcher both need it). Raises ValueError for a schema that is not a JSON object."""
     matcher = llguidance.LLMatcher
     if constraint.kind == "json_object":
         return matcher.grammar_from_json_schema(ANY_JSON_OBJECT, defaults=COMPACT_JSON)

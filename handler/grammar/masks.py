@@ -77,13 +77,6 @@ class GrammarMasks:
             )
             self._executor = llguidance.LLExecutor()
 
-    @property
-    def active(self) -> bool:
-        return bool(self._matchers)
-
-    def constrained(self, slot: int) -> bool:
-        return slot in self._matchers
-
     def add(self, slot: int, constraint: Constraint) -> None:
         """A matcher for the slot's request, at the start of its output. Raises ValueError when
         the grammar does not compile for this tokenizer."""
@@ -103,10 +96,6 @@ class GrammarMasks:
 
     def remove(self, slot: int) -> None:
         self._matchers.pop(slot, None)
-
-    @property
-    def cached_grammars(self) -> int:
-        return len(self._compiled)
 
     def mask(self, scores: torch.Tensor, rows: Sequence[int], slots: Sequence[int]) -> None:
         """In place: the given rows of `scores` keep only the tokens their slot's grammar allows."""

@@ -22,6 +22,7 @@ from handler.backends.loader import load_backend
 from handler.engine.sequence import Sequence
 from handler.engine.step_engine import StepEngine
 from handler.replicas.protocol import (
+    FIELD_ASKS,
     LOGPROB_ASKS,
     Abort,
     ModelFacts,
@@ -47,6 +48,7 @@ def facts_of(backend: Backend) -> ModelFacts:
         frozenset(backend.eos_token_ids),
         {ask: backend.logprobs_refusal(*ask) for ask in LOGPROB_ASKS},
         getattr(backend, "device_sampling_topk", None),
+        {name: backend.request_refusal(probe) for name, (probe, _) in FIELD_ASKS.items()},
     )
 
 

@@ -14,7 +14,7 @@ from handler.backends.tokenizer import load_tokenizer
 from handler.config import ServingConfig
 from handler.neuron.cores import CorePlacement, claim, split
 from handler.neuron.nxdi_config import device_sampling_refusal
-from handler.replicas.protocol import ReplicaSpec
+from handler.replicas.protocol import FIELD_ASKS, ReplicaSpec
 from handler.replicas.replica_set import ReplicaSet
 from handler.request import GenerationRequest
 
@@ -39,12 +39,18 @@ class ReplicatedModel:
         self.eos_token_ids = facts.eos_token_ids
         self._refusals = facts.logprob_refusals
         self._device_topk = facts.device_sampling_topk
+        self._field_refusals = facts.field_refusals
 
     def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
         return self._refusals.get((logprobs, prompt_logprobs))
 
     def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
-        """As the replicas' backend answers it (nxdi with on-device sampling refuses some fields)."""
+        """As the replicas' backend answers it: the fields it refused when it started (sim's
+        logit_bias, nxdi on-device sampling's penalties, ...), and nxdi's bound on top_k."""
+        for name, (_, asks) in FIELD_ASKS.items():
+            refusal = self._field_refusals.get(name)
+            if refusal is not None and asks(request):
+                return refusal
         return None if self._device_topk is None else device_sampling_refusal(request, self._device_topk)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -2,15 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from handler.config import ServingConfig
 from handler.engine.sequence import Progress
 from handler.engine.step_engine import StepRecord
-from handler.request import GenerationRequest
+from handler.request import Constraint, GenerationRequest, SamplingParams
 
 # The (logprobs, prompt_logprobs) combinations a request can ask for, answered once at start.
 LOGPROB_ASKS = ((True, False), (False, True), (True, True))
+
+
+def _probe(sampling: SamplingParams | None = None, constraint: Constraint | None = None) -> GenerationRequest:
+    return GenerationRequest("probe", 1, sampling or SamplingParams(), constraint=constraint)
+
+
+# The request fields a backend refuses whatever their value (sim: logit_bias; a sampler without
+# grammars: constraint; nxdi's on-device sampler: the penalties, ...): each as a request asking
+# for it alone, answered once at start, and whether a request asks for it. top_k, refused above a
+# bound, goes by ModelFacts.device_sampling_topk.
+FIELD_ASKS: dict[str, tuple[GenerationRequest, Callable[[GenerationRequest], bool]]] = {
+    "seed": (
+        _probe(SamplingParams(do_sample=True, seed=1)),
+        lambda r: r.sampling.seed is not None and r.sampling.seed_from_client,
+    ),
+    "repetition_penalty": (
+        _probe(SamplingParams(repetition_penalty=1.1)),
+        lambda r: r.sampling.repetition_penalty != 1,
+    ),
+    "presence_penalty": (_probe(SamplingParams(presence_penalty=0.5)), lambda r: r.sampling.presence_penalty != 0),
+    "frequency_penalty": (_probe(SamplingParams(frequency_penalty=0.5)), lambda r: r.sampling.frequency_penalty != 0),
+    "logit_bias": (_probe(SamplingParams(logit_bias=((0, 1.0),))), lambda r: bool(r.sampling.logit_bias)),
+    "min_tokens": (_probe(SamplingParams(min_tokens=1)), lambda r: r.sampling.min_tokens > 0),
+    "constraint": (_probe(constraint=Constraint("json_object")), lambda r: r.constraint is not None),
+}
 
 
 @dataclass(frozen=True)
@@ -35,6 +61,7 @@ class ModelFacts:
     eos_token_ids: frozenset[int]
     logprob_refusals: dict[tuple[bool, bool], str | None] = field(default_factory=dict)
     device_sampling_topk: int | None = None  # nxdi with on-device sampling: its global_topk
+    field_refusals: dict[str, tuple[str, str] | None] = field(default_factory=dict)  # by FIELD_ASKS
 
 
 # -- worker to replica -----------------------------------------------------------------

@@ -37,13 +37,17 @@ class Work:
     index: int
     request_id: str
     api: Api
-    sequence: Sequence | None = None  # the first (or only) output
-    sequences: list[Sequence] = field(default_factory=list)  # every output (OpenAI `n`), `sequence` first
+    sequences: list[Sequence] = field(default_factory=list)  # every output (OpenAI `n`); none when answered at once
     error: ServingError | None = None
     chunks_sent: int = 0
     final_sent: bool = False  # a streamed request's closing chunk went out as soon as it finished
     arrived_at: float = 0.0  # perf_counter clock; see handler/serving/metrics.py
     reply: str | None = None  # a route answered without generating (e.g. v1/models)
+
+    @property
+    def sequence(self) -> Sequence | None:
+        """The first (or only) output."""
+        return self.sequences[0] if self.sequences else None
 
 
 class GenerationService:
@@ -126,7 +130,6 @@ class GenerationService:
                 )
                 for i in range(request.n)
             ]
-            work.sequence = work.sequences[0]
         except ServingError as exc:
             work.error = exc
         except Exception as exc:

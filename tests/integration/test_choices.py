@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from handler.inf2_handler import Inf2StreamingHandler
-from tests.modes import with_mode
+from tests.modes import tiny_model_yaml
 from tests.torchserve_harness import ContinuousFrontend, make_context, run_batch
 
 N_SLOTS = 4
@@ -19,25 +19,12 @@ CHAT = {"url_path": "v1/chat/completions"}
 PROMPT = "Today the weather is"
 
 
-def model_yaml(model_dir: Any, mode: str) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "batchSize": N_SLOTS,
-        "handler": {"model_checkpoint_dir": str(model_dir), "n_positions": 128, "max_new_tokens": 100},
-    }
-    if mode == "static":
-        base["micro_batching"] = {
-            "micro_batch_size": N_SLOTS,
-            "parallelism": {"preprocess": 1, "inference": 1, "postprocess": 1},
-        }
-    return with_mode(base, mode, N_SLOTS)
-
-
 @pytest.fixture(scope="module")
 def frontend(tiny_model_dir):
     handler = Inf2StreamingHandler()
-    context = make_context(model_yaml(tiny_model_dir, "continuous"), str(tiny_model_dir))
+    context = make_context(tiny_model_yaml(tiny_model_dir, "continuous", N_SLOTS), str(tiny_model_dir))
     handler.initialize(context)
-    yield ContinuousFrontend(handler, context, batch_size=N_SLOTS)
+    yield ContinuousFrontend(handler, context, batch_size=2 * N_SLOTS)
     handler.shutdown()
 
 
@@ -133,7 +120,7 @@ def test_neutral_values_of_refused_fields_are_accepted(frontend):
 
 def test_static_mode_refuses_n(tiny_model_dir):
     handler = Inf2StreamingHandler()
-    context = make_context(model_yaml(tiny_model_dir, "static"), str(tiny_model_dir))
+    context = make_context(tiny_model_yaml(tiny_model_dir, "static", N_SLOTS), str(tiny_model_dir))
     handler.initialize(context)
     try:
         bad, good = run_batch(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 
 from handler.inf2_handler import Inf2StreamingHandler
 from tests.bench.conftest import sim_model_yaml
-from tests.modes import MODES, with_mode
+from tests.modes import MODES, tiny_model_yaml
 from tests.torchserve_harness import ContinuousFrontend, make_context, run_batch
 
 N_SLOTS = 2
@@ -22,19 +21,6 @@ TOL = 1e-4
 PROMPT = "Today the weather is"
 COMPLETIONS = {"url_path": "v1/completions"}
 CHAT = {"url_path": "v1/chat/completions"}
-
-
-def model_yaml(model_dir: Path, mode: str) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "batchSize": 2 * N_SLOTS,
-        "handler": {"model_checkpoint_dir": str(model_dir), "n_positions": 128, "max_new_tokens": 100},
-    }
-    if mode == "static":
-        base["micro_batching"] = {
-            "micro_batch_size": N_SLOTS,
-            "parallelism": {"preprocess": 1, "inference": 1, "postprocess": 1},
-        }
-    return with_mode(base, mode, N_SLOTS)
 
 
 class Served:
@@ -56,7 +42,7 @@ class Served:
 @pytest.fixture(scope="module", params=MODES)
 def served(request, tiny_model_dir):
     handler = Inf2StreamingHandler()
-    context = make_context(model_yaml(tiny_model_dir, request.param), str(tiny_model_dir))
+    context = make_context(tiny_model_yaml(tiny_model_dir, request.param, N_SLOTS), str(tiny_model_dir))
     handler.initialize(context)
     yield Served(handler, context, request.param)
     handler.shutdown()

@@ -441,6 +441,27 @@ def test_sim_refuses_logit_bias_and_a_constraint_with_the_per_slot_baseline(tiny
         assert backend.request_refusal(penalized) is None
 
 
+def test_a_replicas_worker_refuses_what_its_replicas_backend_refuses(tiny_model_dir) -> None:
+    """With scheduler.replicas the worker has no backend: it answers from the facts replica 0
+    reported at start, field by field, exactly as the backend answers."""
+    from types import SimpleNamespace
+
+    from handler.replicas.child import facts_of
+    from handler.replicas.model import ReplicatedModel
+
+    requests = [
+        GenerationRequest("hi", 4, constraint=Constraint("regex", "[0-9]")),
+        GenerationRequest("hi", 4, SamplingParams(logit_bias=((5, 100.0),))),
+        GenerationRequest("hi", 4, SamplingParams(presence_penalty=1.0, min_tokens=2)),
+        GenerationRequest("hi", 4, SamplingParams(do_sample=True, seed=3)),
+    ]
+    for sampler in ("per_slot", "batched"):
+        backend = sim_backend(tiny_model_dir, sampler=sampler)
+        worker = ReplicatedModel(SimpleNamespace(facts=facts_of(backend)), backend.tokenizer)
+        assert [worker.request_refusal(r) for r in requests] == [backend.request_refusal(r) for r in requests]
+        assert worker.request_refusal(requests[1]) is not None  # the test sees a refusal, not only agreement
+
+
 def test_sim_serves_a_constraint_from_its_sampler(tiny_model_dir) -> None:
     backend = sim_backend(tiny_model_dir, mean_natural_tokens=2)  # its simulated EOS would come early
     eos = backend.tokenizer.eos_token_id
