@@ -49,6 +49,16 @@ class SimConfig(_Section):
         default="batched",
         description="the host sampler run on the stand-in logits; per_slot: the old one, for the bench's comparison",
     )
+    hf_config: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "the simulated model's config.json (a file or a checkpoint directory; absolute, or relative like "
+            "profile): the sim then runs the device backends' memory-fit check at start, refusing a layout "
+            "(handler.tp_degree, handler.amp, the profile's batch_size as n_slots, n_positions) that could not fit "
+            "in a NeuronCore's HBM. Unset: no check (the tokenizer's checkpoint is a stand-in)"
+        ),
+    )
 
 
 class SchedulerConfig(_Section):

@@ -50,12 +50,14 @@ from typing import Any, Protocol
 import torch
 
 from handler.backends.base import Backend, SlotRequest, SlotRequestError, clamp_n_positions
+from handler.backends.memory_fit import check_memory_fit, weight_dtype
 from handler.backends.sampling import BatchSampler
 from handler.backends.sampling_per_slot import PerSlotSampler
 from handler.backends.sim_profile import Profile, load_profile, resolve_profile_path
 from handler.backends.tokenizer import load_tokenizer
 from handler.config import HandlerConfig, SimConfig
 from handler.errors import ConfigError
+from handler.neuron.memory import Layout
 from handler.request import GenerationRequest, TokenChoice
 
 logger = logging.getLogger(__name__)
@@ -243,11 +245,16 @@ class SimBackend(Backend):
         if config.sim is None:
             raise ConfigError("model-config.yaml: handler.sim: required when backend is 'sim' (at least 'profile')")
         self.profile = load_profile(resolve_profile_path(config.sim.profile, model_dir))
+        self.n_slots = self.profile.batch_size
+        self.n_positions = clamp_n_positions(config.n_positions, self.profile.n_positions, "profile")
+        if config.sim.hf_config is not None:  # the device backends' check, before anything loads
+            layout = Layout(
+                config.tp_degree, self.n_slots, self.n_positions, weight_dtype(config.amp), weight_dtype(config.amp)
+            )
+            check_memory_fit("sim", resolve_profile_path(config.sim.hf_config, model_dir), layout)
         self.tokenizer = load_tokenizer(checkpoint, config.trust_remote_code)
         self.eos_token_ids = frozenset({self.tokenizer.eos_token_id})
-        self.n_slots = self.profile.batch_size
         vocab_ids = text_token_ids(self.tokenizer)
-        self.n_positions = clamp_n_positions(config.n_positions, self.profile.n_positions, "profile")
         self._constraint_refusal: str | None = None
         if config.sim.sampler != "batched":
             self._constraint_refusal = (

@@ -89,13 +89,13 @@ def _interpolate(points: Sequence[tuple[int, float]], x: float) -> float:
 
 def resolve_profile_path(profile: str, model_dir: str | Path | None) -> Path:
     """An absolute path, or one relative to the model archive, the repository, or the
-    working directory (first that exists)."""
+    working directory (first that exists; a directory counts: handler.sim.hf_config may name a checkpoint)."""
     path = Path(profile)
     if path.is_absolute():
         return path
     bases = [Path(model_dir)] if model_dir else []
     for base in [*bases, REPO_ROOT, Path.cwd()]:
-        if (base / path).is_file():
+        if (base / path).exists():
             return base / path
     return (bases[0] if bases else REPO_ROOT) / path
 

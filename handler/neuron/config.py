@@ -128,6 +128,14 @@ class DeviceSection(BaseModel):
         ),
     )
     warmup: bool = True
+    memory_check: bool = Field(
+        default=True,
+        description=(
+            "before loading or compiling, estimate the layout's memory per NeuronCore from config.json (weights, "
+            "KV cache for n_slots x n_positions, a runtime reserve; handler/neuron/memory.py) and refuse one that "
+            "cannot fit in the 16 GiB of HBM; false skips the check"
+        ),
+    )
 
     @field_validator("compile_cache")
     @classmethod

@@ -1,0 +1,51 @@
+"""The memory-fit check a device backend (neuronx, nxdi) and the sim backend run at start, before
+they load or compile anything: the configured layout against a NeuronCore's HBM
+(handler/neuron/memory.py). A layout that cannot fit fails the start with the numbers and
+what would fit; one within 5 % of the limit is logged as a warning."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from handler.errors import ConfigError
+from handler.neuron.memory import Layout, MemoryEstimate, ModelShape, estimate, fit_problem
+
+logger = logging.getLogger(__name__)
+
+# handler.amp (transformers-neuronx's spelling) -> the memory model's dtype names
+AMP_DTYPES = {"f32": "f32", "f16": "fp16", "bf16": "bf16"}
+SKIP_HINT = {
+    "neuronx": "handler.neuronx.memory_check: false",
+    "nxdi": "handler.nxdi.memory_check: false",
+    "sim": "remove handler.sim.hf_config",
+}
+
+
+def check_memory_fit(backend: str, config_path: Path, layout: Layout) -> MemoryEstimate:
+    """The estimate for `layout` of the model whose config.json is at `config_path` (a checkpoint
+    directory or the file); ConfigError, naming the keys to change, when it cannot fit."""
+    shape = ModelShape.from_path(config_path)
+    problem = fit_problem(shape, layout)
+    if problem is not None:
+        raise ConfigError(
+            f"model-config.yaml: backend {backend}: this layout does not fit in a NeuronCore's memory, so it would "
+            f"fail to allocate after loading (or compiling): {problem}. Change handler.tp_degree, scheduler.n_slots "
+            f"or handler.n_positions (the estimate: handler/neuron/memory.py; to skip the check, "
+            f"{SKIP_HINT.get(backend, 'skip it')})"
+        )
+    found = estimate(shape, layout)
+    if found.near_limit:
+        logger.warning(
+            "%s: memory check: %s, within 5 %% of the limit (the runtime reserve is an estimate): the model may fail "
+            "to allocate; a larger tp_degree or fewer slots or positions leave room",
+            backend,
+            found.explain(),
+        )
+    else:
+        logger.info("%s: memory check: %s", backend, found.explain())
+    return found
+
+
+def weight_dtype(amp: str, int8: bool = False) -> str:
+    return "int8" if int8 else AMP_DTYPES.get(amp, amp)

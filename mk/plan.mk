@@ -1,0 +1,22 @@
+# make plan                   the capacity planner on MODEL_DIR (a checkpoint directory or its config.json;
+#                             default: the tiny model): the step-time model's validation (P10), then every
+#                             instance x tp_degree x replicas x n_slots that fits, simulated on Poisson loads,
+#                             ranked by cost per million output tokens within the SLO (docs/planning.md)
+# make plan MODEL_DIR=/models/Llama-3.1-8B-Instruct INSTANCE=inf2.48xlarge SLO_ITL_MS=50 SLO_TTFT_MS=1000 \
+#           PROMPT_TOKENS=1500 OUTPUT_TOKENS=250
+# INSTANCE: one name or several (space-separated); empty: all of profiles/inf2-instances.yaml.
+# PLAN_ARGS: more scripts/plan.py options, e.g. "--weight-dtype int8 --slots 8,16,32 --top 20".
+# Writes build/plan/plan-<model>.png and .json; offline, a few seconds.
+INSTANCE ?=
+SLO_ITL_MS ?= 50
+SLO_TTFT_MS ?= 1000
+PROMPT_TOKENS ?= 1500
+OUTPUT_TOKENS ?= 250
+PLAN_ARGS ?=
+
+.PHONY: plan
+
+plan: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
+	$(PY) scripts/plan.py --model $(MODEL_DIR) $(foreach i,$(INSTANCE),--instance $(i)) \
+		--slo-itl-ms $(SLO_ITL_MS) --slo-ttft-ms $(SLO_TTFT_MS) \
+		--prompt-tokens $(PROMPT_TOKENS) --output-tokens $(OUTPUT_TOKENS) --out $(BUILD)/plan $(PLAN_ARGS)

@@ -1,0 +1,98 @@
+"""`make plan` (scripts/plan.py): on the tiny model and on a 7B config.json it finishes and names
+a winner whose model-config.yaml snippet the handler accepts; layouts that cannot load say which
+limit they hit. No timing assertions: the sweep is a model, and the machine is shared."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import plan
+from plan_layouts import Candidate, Workload, fit_problem_of, load_instances
+
+from handler.config import ServingConfig
+from handler.neuron.memory import ModelShape
+
+CONFIGS = REPO / "tests" / "fixtures" / "configs"
+
+
+def snippet_of(output: str) -> dict:
+    text = output.split("model-config.yaml:\n", 1)[1]
+    return yaml.safe_load(text.split("\n(", 1)[0])
+
+
+def run_plan(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """scripts/plan.py's exit code and what it printed (stdout, then stderr)."""
+    code = plan.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_plan_on_the_7b_config_names_a_winner(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    code, out = run_plan(
+        capsys, "--model", str(CONFIGS / "llama-2-7b.json"), "--instance", "inf2.48xlarge", "--out", str(tmp_path)
+    )
+    assert code == 0, out
+    assert out.index("P10 decode") < out.index("Plan for llama-2-7b")  # the validation comes first
+    assert "WINNER" in out and "Winner: inf2.48xlarge" in out
+    config = ServingConfig.from_model_yaml(snippet_of(out))
+    assert config.scheduler.mode == "continuous"
+    assert config.scheduler.replicas * config.handler.tp_degree <= 24
+    assert config.batch_size >= config.scheduler.replicas * config.scheduler.n_slots
+    assert (tmp_path / "plan-llama-2-7b.png").stat().st_size > 0
+    report = json.loads((tmp_path / "plan-llama-2-7b.json").read_text())
+    assert any(row.get("usd_per_million_tokens") for row in report["layouts"])
+    assert any(row["no_fit"] and row["no_fit"].startswith("HBM per core") for row in report["layouts"])
+
+
+def test_make_plan_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path):
+    """Through make, as a user runs it (the venv and the model taken as built)."""
+    venv = Path(sys.executable).parent.parent
+    make = "make -o venv -o model plan PROMPT_TOKENS=100 OUTPUT_TOKENS=64".split()
+    variables = [
+        f"VENV={venv}",
+        f"MODEL_DIR={tiny_model_dir}",
+        f"BUILD={tmp_path}",
+        "INSTANCE=inf2.xlarge inf2.48xlarge",
+    ]
+    result = subprocess.run(
+        make + variables,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Winner: " in result.stdout and "P10 decode" in result.stdout
+    ServingConfig.from_model_yaml(snippet_of(result.stdout))
+    assert (tmp_path / "plan" / f"plan-{tiny_model_dir.name}.png").is_file()
+
+
+def test_a_layout_that_cannot_load_names_its_limit():
+    prices = load_instances()
+    xlarge = prices.instances["inf2.xlarge"]
+    seventy = ModelShape.from_path(CONFIGS / "llama-2-70b.json")
+    eight = ModelShape.from_path(CONFIGS / "llama-3.1-8b.json")
+    workload = Workload(1500, 250)
+    hbm = fit_problem_of(seventy, Candidate(xlarge, 2, 1, workload.n_positions(seventy)))
+    assert hbm is not None and hbm.startswith("HBM per core") and "> 16 GiB; try tp_degree" in hbm
+    host = fit_problem_of(eight, Candidate(xlarge, 2, 4, workload.n_positions(eight)))
+    assert host is not None and host.startswith("host RAM") and "inf2.xlarge" in host
+
+
+def test_no_winner_and_a_workload_beyond_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    code, out = run_plan(
+        capsys, "--model", str(CONFIGS / "llama-2-70b.json"), "--instance", "inf2.xlarge", "--out", str(tmp_path)
+    )
+    assert code == 1 and "No winner" in out and "does not fit: HBM per core" in out
+    code, out = run_plan(
+        capsys, "--model", str(CONFIGS / "llama-2-7b.json"), "--prompt-tokens", "5000", "--out", str(tmp_path)
+    )
+    assert code == 2 and "max_position_embeddings" in out
