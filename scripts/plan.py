@@ -58,13 +58,14 @@ def evaluate(
     workload: Workload,
     slo: SLO,
     requests: int,
+    presharded: bool = False,
 ) -> list[Outcome]:
     """Each candidate's fit, steps and sweep. Layouts with the same tp_degree, slots and replicas
-    behave alike on any instance: each is simulated once."""
+    behave alike on any instance: each is simulated once. `presharded`: fit_problem_of's."""
     swept: dict[tuple[int, int, int], tuple[float, float, Sweep | None, str | None]] = {}
     outcomes = []
     for c in found:
-        outcome = Outcome(c, no_fit=fit_problem_of(shape, c))
+        outcome = Outcome(c, no_fit=fit_problem_of(shape, c, presharded))
         if outcome.no_fit is None:
             key = (c.tp_degree, c.n_slots, c.replicas)
             if key not in swept:
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(found)} layouts on {', '.join(i.name for i in instances)} "
         f"(on-demand {prices.region}, prices of {prices.date})"
     )
-    outcomes = rank(evaluate(shape, found, cal, workload, slo, args.requests))
+    presharded = args.backend == "nxdi"  # save_sharded_checkpoint: true, the nxdi backend's default
+    outcomes = rank(evaluate(shape, found, cal, workload, slo, args.requests, presharded))
     print(format_ranking(outcomes, slo, args.top))
     losers = format_losers(outcomes)
     if losers:

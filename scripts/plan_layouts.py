@@ -128,10 +128,12 @@ def candidates(
     ]
 
 
-def fit_problem_of(shape: ModelShape, candidate: Candidate) -> str | None:
+def fit_problem_of(shape: ModelShape, candidate: Candidate, presharded: bool = False) -> str | None:
     """Why the layout cannot load, or None: HBM per core (memory.fit_problem's numbers and advice),
     or host RAM: replica 0 loads alone, then the others together (handler/replicas), each
-    sharding the checkpoint in host RAM."""
+    sharding the checkpoint in host RAM. `presharded`: the weights load already sharded (nxdi's
+    save_sharded_checkpoint, written by the compile, which can run on a larger host), so the
+    host RAM to shard them is not the serving instance's limit."""
     hbm = fit_problem(shape, candidate.layout)
     if hbm is not None:
         found = estimate(shape, candidate.layout)
@@ -140,14 +142,16 @@ def fit_problem_of(shape: ModelShape, candidate: Candidate) -> str | None:
             f"HBM per core at {candidate.n_slots} slot(s): {found.weights_gib:.1f} GiB weights + {found.kv_gib:.1f} "
             f"KV + {found.reserve_gib:.1f} reserve = {found.total_gib:.1f} > {found.hbm_gib:g} GiB; {advice}"
         )
+    if presharded:
+        return None
     copies = max(1, candidate.replicas - 1)
     need = copies * estimate(shape, candidate.layout).host_shard_gib
     host = candidate.instance.host_memory_gib
     if need > host:
         return (
             f"host RAM: {copies} cop{'y' if copies == 1 else 'ies'} sharding the checkpoint at load need "
-            f"{need:.1f} GiB > {host:g} GiB of {candidate.instance.name} (pre-sharded weights, nxdi's "
-            "save_sharded_checkpoint, avoid it)"
+            f"{need:.1f} GiB > {host:g} GiB of {candidate.instance.name} (--backend nxdi loads pre-sharded "
+            "weights: compile on a larger host, save_sharded_checkpoint)"
         )
     return None
 

@@ -85,6 +85,9 @@ def test_a_layout_that_cannot_load_names_its_limit():
     assert hbm is not None and hbm.startswith("HBM per core") and "> 16 GiB; try tp_degree" in hbm
     host = fit_problem_of(eight, Candidate(xlarge, 2, 4, workload.n_positions(eight)))
     assert host is not None and host.startswith("host RAM") and "inf2.xlarge" in host
+    # pre-sharded weights (nxdi) load without sharding on the host: only HBM is a limit then
+    assert fit_problem_of(eight, Candidate(xlarge, 2, 4, workload.n_positions(eight)), presharded=True) is None
+    assert fit_problem_of(seventy, Candidate(xlarge, 2, 1, workload.n_positions(seventy)), presharded=True) == hbm
 
 
 def test_no_winner_and_a_workload_beyond_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
