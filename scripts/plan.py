@@ -6,7 +6,7 @@ checkpoint's config.json alone.
    checked on the ones it was not calibrated on: the validation table and P10 come first.
 2. Every layout: each instance of profiles/inf2-instances.yaml (or --instance), every tp_degree
    the instance's NeuronCores allow, replicas = cores // tp_degree, n_slots of --slots, and
-   n_positions for the workload (the prompt bucket + the output, a power of two).
+   n_positions for the workload (the prompt bucket + the output, rounded up to 512).
 3. Layouts that cannot load are dropped with the limit they hit (handler/neuron/memory.py: HBM
    per core; host RAM to shard the checkpoint at load).
 4. The others run the discrete-event simulation of the continuous scheduler (scripts/bench_des.py,

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 INSTANCES_FILE = REPO / "profiles" / "inf2-instances.yaml"
 SLOT_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 BUCKET_STEP = 64  # the largest prompt bucket is the longest prompt rounded up to this (a multiple of 8 for TP8)
+POSITIONS_STEP = 512  # n_positions is rounded up to this: a round last decode bucket, at most 511 positions spare
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,10 @@ class Workload:
         return max(128, math.ceil(self.longest_prompt / BUCKET_STEP) * BUCKET_STEP)
 
     def n_positions(self, shape: ModelShape) -> int:
-        """The smallest power of two holding the largest prompt bucket and the output, within the
-        model's max_position_embeddings (exactly what is needed when that is not a power of two)."""
+        """The largest prompt bucket plus the output, rounded up to a multiple of POSITIONS_STEP,
+        within the model's max_position_embeddings. Not the next power of two: a 15,900-token
+        prompt with 450 output tokens would then reserve KV for 32,768 positions, twice what it
+        uses (the seed's TGI layout compiled 16,512)."""
         need = self.largest_bucket + self.output_tokens
         limit = shape.max_positions or need
         if need > limit:
@@ -78,7 +81,7 @@ class Workload:
                 f"{self.output_tokens} output tokens need {need} positions; the model has {limit} "
                 "(max_position_embeddings)"
             )
-        return min(1 << (need - 1).bit_length(), limit)
+        return min(math.ceil(need / POSITIONS_STEP) * POSITIONS_STEP, limit)
 
     def buckets(self) -> list[int]:
         """Prompt buckets (handler.neuronx.context_length_estimate): powers of two from 128 below the
@@ -157,7 +160,8 @@ def fit_problem_of(shape: ModelShape, candidate: Candidate, presharded: bool = F
 
 
 def most_positions(shape: ModelShape, candidate: Candidate) -> int:
-    """The most positions (a power of two, or the model's max) these slots fit in HBM at this tp."""
+    """The most positions (the workload's n_positions doubled, again and again, up to the model's
+    max) these slots fit in HBM at this tp."""
     best, size = candidate.n_positions, candidate.n_positions
     limit = shape.max_positions or candidate.n_positions
     while size < limit:

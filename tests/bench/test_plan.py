@@ -99,3 +99,12 @@ def test_no_winner_and_a_workload_beyond_the_model(tmp_path: Path, capsys: pytes
         capsys, "--model", str(CONFIGS / "llama-2-7b.json"), "--prompt-tokens", "5000", "--out", str(tmp_path)
     )
     assert code == 2 and "max_position_embeddings" in out
+
+
+def test_n_positions_holds_the_largest_bucket_and_the_output_rounded_to_512():
+    eight = ModelShape.from_path(CONFIGS / "llama-3.1-8b.json")
+    assert Workload(1500, 250).n_positions(eight) == 2048  # bucket 1536 + 250
+    assert Workload(15900, 450).n_positions(eight) == 16896  # bucket 15936 + 450; not 32768
+    seven = ModelShape.from_path(CONFIGS / "llama-2-7b.json")  # max_position_embeddings 4096
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        Workload(4000, 250).n_positions(seven)
