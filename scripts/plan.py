@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +82,7 @@ def evaluate(
 def _sweep_one(
     shape: ModelShape, c: Candidate, cal: Calibration, workload: Workload, slo: SLO, requests: int
 ) -> tuple[float, float, Sweep | None, str | None]:
-    work = CoreWork.of(shape, c.tp_degree, c.weight_dtype)
+    work = CoreWork.of(shape, c.tp_degree, c.weight_dtype, sdk=c.sdk)
     profile = step_profile(
         f"plan {shape.name} TP{c.tp_degree} x {c.n_slots}", work, cal, c.n_slots, c.n_positions, workload, shape.vocab
     )
@@ -103,11 +105,27 @@ def _sweep_one(
 def parse_price(text: str) -> tuple[str, float]:
     name, _, value = text.partition("=")
     try:
-        return name.strip(), float(value)
+        price = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--price {text!r}: use INSTANCE=USD_PER_HOUR, e.g. inf2.48xlarge=9.5"
-        ) from None
+        price = math.nan
+    if not math.isfinite(price) or price <= 0:
+        raise argparse.ArgumentTypeError(f"--price {text!r}: use INSTANCE=USD_PER_HOUR, e.g. inf2.48xlarge=9.5")
+    return name.strip(), price
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= low."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {low}")
+        return value
+
+    return parse
 
 
 def parse_slots(text: str) -> tuple[int, ...]:
@@ -126,15 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance", action="append", help="only this instance (repeatable); default: all")
     parser.add_argument("--slo-itl-ms", type=float, default=50.0, help="ITL p50 budget (ms)")
     parser.add_argument("--slo-ttft-ms", type=float, default=1000.0, help="TTFT p90 budget (ms)")
-    parser.add_argument("--prompt-tokens", type=int, default=1500)
-    parser.add_argument("--prompt-spread", type=int, default=0, help="standard deviation of the prompt length")
-    parser.add_argument("--output-tokens", type=int, default=250)
+    parser.add_argument("--prompt-tokens", type=at_least(1), default=1500)
+    parser.add_argument("--prompt-spread", type=at_least(0), default=0, help="standard deviation of the prompt length")
+    parser.add_argument("--output-tokens", type=at_least(2), default=250, help="at least 2: an ITL needs two tokens")
     parser.add_argument("--slots", type=parse_slots, default=SLOT_CHOICES, help="n_slots to try, e.g. 8,16,32")
     parser.add_argument("--weight-dtype", choices=("bf16", "int8"), default="bf16")
     parser.add_argument("--backend", choices=("neuronx", "nxdi"), default="neuronx", help="for the snippet")
     parser.add_argument("--price", type=parse_price, action="append", default=[], help="INSTANCE=USD_PER_HOUR")
-    parser.add_argument("--requests", type=int, default=REQUESTS_PER_LOAD, help="per simulated replica and load")
-    parser.add_argument("--top", type=int, default=10, help="rows of the ranking")
+    parser.add_argument("--requests", type=at_least(1), default=REQUESTS_PER_LOAD, help="per replica and load")
+    parser.add_argument("--top", type=at_least(1), default=10, help="rows of the ranking")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "plan", help="the PNG and JSON go here")
     parser.add_argument("--instances-file", type=Path, default=INSTANCES_FILE)
     parser.add_argument("--points-file", type=Path, default=POINTS_FILE)
@@ -161,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     instances = [i for name, i in prices.instances.items() if not args.instance or name in args.instance]
     slo = SLO(args.slo_ttft_ms, args.slo_itl_ms)
-    found = candidates(shape, instances, workload, args.slots, args.weight_dtype)
+    found = candidates(shape, instances, workload, args.slots, args.weight_dtype, args.backend)
     print(
         f"Plan for {shape.name} ({_count(shape.parameters())} parameters, {args.weight_dtype}): "
         f"{workload.prompt_tokens}"

@@ -100,6 +100,7 @@ class Candidate:
     n_slots: int
     n_positions: int
     weight_dtype: str = "bf16"
+    sdk: str = "neuronx"  # whose head padding applies (the backend of the snippet)
 
     @property
     def replicas(self) -> int:
@@ -108,7 +109,11 @@ class Candidate:
     @property
     def layout(self) -> Layout:
         return Layout(
-            tp_degree=self.tp_degree, n_slots=self.n_slots, n_positions=self.n_positions, weight_dtype=self.weight_dtype
+            tp_degree=self.tp_degree,
+            n_slots=self.n_slots,
+            n_positions=self.n_positions,
+            weight_dtype=self.weight_dtype,
+            sdk=self.sdk,
         )
 
     def label(self) -> str:
@@ -121,12 +126,13 @@ def candidates(
     workload: Workload,
     slots: Sequence[int] = SLOT_CHOICES,
     weight_dtype: str = "bf16",
+    sdk: str = "neuronx",
 ) -> list[Candidate]:
     n_positions = workload.n_positions(shape)
     return [
-        Candidate(instance, tp, n, n_positions, weight_dtype)
+        Candidate(instance, tp, n, n_positions, weight_dtype, sdk)
         for instance in instances
-        for tp in valid_tp_degrees(shape, instance.neuron_cores)
+        for tp in valid_tp_degrees(instance.neuron_cores)
         for n in slots
     ]
 

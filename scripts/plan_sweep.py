@@ -40,11 +40,11 @@ class SLO:
     itl_p50_ms: float
 
     def miss(self, s: LoadSummary) -> str | None:
-        """What a load misses, or None."""
+        """What a load misses, or None. A figure that was not measured (NaN) is a miss."""
         out = []
-        if s.ttft_ms.p90 > self.ttft_p90_ms:
+        if not s.ttft_ms.p90 <= self.ttft_p90_ms:
             out.append(f"TTFT p90 {s.ttft_ms.p90:.0f} ms > {self.ttft_p90_ms:g}")
-        if s.itl_ms.p50 > self.itl_p50_ms:
+        if not s.itl_ms.p50 <= self.itl_p50_ms:
             out.append(f"ITL p50 {s.itl_ms.p50:.1f} ms > {self.itl_p50_ms:g}")
         return ", ".join(out) or None
 
@@ -53,7 +53,7 @@ def step_profile(
     name: str, work: CoreWork, cal: Calibration, n_slots: int, n_positions: int, workload: Workload, vocab: int
 ) -> Profile:
     """The layout's modelled times as a sim profile (what bench_des simulates)."""
-    kv_positions = token_bucket(workload.prompt_tokens + workload.output_tokens, n_positions)
+    kv_positions = token_bucket(workload.longest_prompt + workload.output_tokens, n_positions)
     step = round(decode_ms(work, n_slots, kv_positions, cal), 4)
     buckets = workload.buckets()
     return Profile(
@@ -82,7 +82,6 @@ class LoadPoint:
 
 @dataclass
 class Sweep:
-    capacity: float  # the instance's saturated req/s (R x one replica's)
     points: list[LoadPoint] = field(default_factory=list)
 
     @property
@@ -97,8 +96,10 @@ class Sweep:
 
 
 def replica_capacity(profile: Profile, workload: Workload) -> float:
-    """One replica's saturated req/s with every slot refilled each step (bench_des's capacity formula):
-    1 / (prefill(1 row, prompt) + (output - 1) x decode(n_slots) / n_slots)."""
+    """One replica's saturated req/s in closed form: every prefill stalls the replica's decode and
+    every slot is refilled as it ends, so a request costs its prefill plus its share of the decode
+    steps, 1 / (prefill(1 row, prompt) + (output - 1) x decode(n_slots) / n_slots). An upper bound
+    of what bench_des.capacity simulates, and no simulation: the sweep's loads are its fractions."""
     n = profile.batch_size
     per_request = profile.prefill_s(1, workload.prompt_tokens) + (workload.output_tokens - 1) * profile.decode_s(n) / n
     return 1 / per_request
@@ -133,7 +134,7 @@ def sweep(
 ) -> Sweep:
     """Rates in order of `fractions` of the capacity until one misses the SLO, then bisect."""
     capacity = replica_capacity(profile, workload) * replicas
-    result = Sweep(capacity)
+    result = Sweep()
 
     def at(fraction: float) -> LoadPoint:
         rate = fraction * capacity

@@ -251,7 +251,7 @@ class SimBackend(Backend):
             layout = Layout(
                 config.tp_degree, self.n_slots, self.n_positions, weight_dtype(config.amp), weight_dtype(config.amp)
             )
-            check_memory_fit("sim", resolve_profile_path(config.sim.hf_config, model_dir), layout)
+            check_memory_fit("sim", resolve_profile_path(config.sim.hf_config, model_dir), layout, required=True)
         self.tokenizer = load_tokenizer(checkpoint, config.trust_remote_code)
         self.eos_token_ids = frozenset({self.tokenizer.eos_token_id})
         vocab_ids = text_token_ids(self.tokenizer)

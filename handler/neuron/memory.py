@@ -57,7 +57,7 @@ from typing import Any
 from handler.errors import ConfigError
 
 GIB = 2**30
-# 32 GB of HBM per Inferentia2 chip, 2 NeuronCores per chip (AWS inf2 instance pages; shared/inf2-benchmarks.md).
+# 32 GiB of HBM per Inferentia2 chip, 2 NeuronCores per chip (AWS inf2 instance pages; shared/inf2-benchmarks.md).
 HBM_PER_CORE_GIB = 16.0
 # An assumption, not a published figure: what the Neuron runtime takes per core beside the
 # weights and the KV cache. The runtime's device-memory guide (awsdocs-neuron, neuron-runtime/
@@ -128,6 +128,12 @@ class ModelShape:
                 )
             return value
 
+        experts = config.get("num_local_experts") or config.get("num_experts") or 0
+        if isinstance(experts, int) and experts > 1:
+            raise ConfigError(
+                f"config.json{f' of {name}' if name else ''}: a mixture of {experts} experts; the memory model "
+                "covers dense Llama-style decoders only"
+            )
         hidden, heads = need("hidden_size"), need("num_attention_heads")
         kv_heads = config.get("num_key_value_heads") or heads
         head_dim = config.get("head_dim") or hidden // heads
@@ -180,7 +186,7 @@ class Layout:
     n_slots: int
     n_positions: int
     weight_dtype: str = "bf16"  # "bf16" | "fp16" | "int8" | "f32"
-    kv_dtype: str = "bf16"
+    kv_dtype: str = "bf16"  # the amp: the KV cache and, under int8, the parameters left unquantized
     gqa: str | None = None
     sdk: str = "neuronx"
 
@@ -216,10 +222,6 @@ class MemoryEstimate:
         return self.weights_gib + self.kv_gib + self.reserve_gib
 
     @property
-    def free_gib(self) -> float:
-        return self.hbm_gib - self.total_gib
-
-    @property
     def fits(self) -> bool:
         return self.total_gib <= self.hbm_gib
 
@@ -229,8 +231,8 @@ class MemoryEstimate:
         return self.fits and self.total_gib > (1 - NEAR_LIMIT) * self.hbm_gib
 
     def explain(self) -> str:
-        """`Llama-2-70B bf16 at tp_degree 12, 8 slots x 4096 positions: 11.4 GiB weights + 6.2 GiB KV +
-        1.0 GiB reserve = 18.6 GiB per NeuronCore > 16 GiB HBM`."""
+        """`llama-2-70b bf16 at tp_degree 12, 8 slot(s) x 4096 positions: 12.6 GiB weights + 7.5 GiB KV +
+        1.0 GiB reserve = 21.1 GiB per NeuronCore > 16 GiB HBM`."""
         layout = self.layout
         what = self.name or "the model"
         if layout is not None:
@@ -295,7 +297,7 @@ def estimate(shape: ModelShape, layout: Layout, hbm_gib: float = HBM_PER_CORE_GI
     tp = layout.tp_degree
     q_heads, kv_heads, kv_per_core = padded_head_counts(shape, layout)
     matrix_bytes = _dtype_bytes(layout.weight_dtype, "weight_dtype")
-    other_bytes = 2 if matrix_bytes == 1 else matrix_bytes  # int8 quantizes the layers' matrices only
+    other_bytes = unquantized_bytes(layout.weight_dtype, layout.kv_dtype)
     hidden, head_dim = shape.hidden, shape.head_dim
     attention = hidden * head_dim * (2 * q_heads + 2 * kv_heads) / tp  # q, o; k, v
     mlp = 3 * hidden * _round_up(shape.intermediate, tp) / tp
@@ -318,17 +320,23 @@ def estimate(shape: ModelShape, layout: Layout, hbm_gib: float = HBM_PER_CORE_GI
     )
 
 
+def unquantized_bytes(weight_dtype: str, amp_dtype: str) -> int:
+    """Bytes per parameter of the embedding, lm_head and norms: int8 quantizes the layers'
+    matrices only, and the rest stays in the amp dtype."""
+    dtype = amp_dtype if weight_dtype == "int8" else weight_dtype
+    return _dtype_bytes(dtype, "weight_dtype")
+
+
 def host_shard_gib(shape: ModelShape) -> float:
     """Host RAM to load and shard the checkpoint (bf16) on the host: HOST_SHARD_FACTOR x its bytes."""
     return shape.parameters() * 2 * HOST_SHARD_FACTOR / GIB
 
 
-def valid_tp_degrees(shape: ModelShape, cores: int, degrees: Sequence[int] = INF2_TP_DEGREES) -> list[int]:
-    """The tp_degree values the SDKs accept for this model on `cores` NeuronCores: the runtime's
-    supported degrees (INF2_TP_DEGREES) that fit in the cores. Both SDKs pad the Q heads and
-    replicate or pad the K/V heads, the MLP and the vocabulary (module docstring), so a
-    Llama-family shape adds no constraint of its own; `shape` is taken so one could."""
-    del shape
+def valid_tp_degrees(cores: int, degrees: Sequence[int] = INF2_TP_DEGREES) -> list[int]:
+    """The tp_degree values the SDKs accept on `cores` NeuronCores: the runtime's supported
+    degrees (INF2_TP_DEGREES) that fit in the cores. Both SDKs pad the Q heads and replicate or
+    pad the K/V heads, the MLP and the vocabulary (module docstring), so a Llama-family shape
+    adds no constraint of its own."""
     return [tp for tp in degrees if tp <= cores]
 
 

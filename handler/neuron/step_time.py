@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from handler.neuron.memory import DTYPE_BYTES, Layout, ModelShape, padded_head_counts
+from handler.neuron.memory import DTYPE_BYTES, Layout, ModelShape, padded_head_counts, unquantized_bytes
 
 # Inferentia2 chip: 820 GB/s of HBM bandwidth and 190 BF16 TFLOPS for its 2 NeuronCore-v2
 # (awsdocs-neuron, general/arch/neuron-hardware/inferentia2: "190 FP16/BF16/cFP8/TF32 TFLOPS",
@@ -116,7 +116,7 @@ class CoreWork:
         mlp = 3 * hidden * math.ceil(shape.intermediate / tp)  # intermediate padded to a multiple of tp
         lm_head = math.ceil(shape.vocab / tp) * hidden
         matrix_bytes = DTYPE_BYTES[weight_dtype]
-        other_bytes = 2 if matrix_bytes == 1 else matrix_bytes
+        other_bytes = unquantized_bytes(weight_dtype, kv_dtype)
         kv_bytes = 2 * shape.layers * kv_per_core * head_dim * DTYPE_BYTES[kv_dtype]
         matrix_total = shape.layers * (attention + mlp) * matrix_bytes
         return cls(
@@ -209,19 +209,22 @@ def _dot(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 # -- token buckets -----------------------------------------------------------------------
-def token_bucket(position: int, n_positions: int) -> int:
-    """The decode bucket a step at `position` runs in: the smallest power of two >= position
-    (at least 128), at most n_positions (transformers-neuronx's default token buckets)."""
+def token_bucket(length: int, n_positions: int) -> int:
+    """The decode bucket of a step whose row holds `length` positions once this step's token is
+    written (cache_id + 1): the smallest power of two >= length (at least 128), at most
+    n_positions (transformers-neuronx's default token buckets, its find_bucket_id)."""
     bucket = SMALLEST_TOKEN_BUCKET
-    while bucket < position:
+    while bucket < length:
         bucket *= 2
     return min(bucket, n_positions)
 
 
 def mean_kv_positions(prompt_tokens: int, output_tokens: int, n_positions: int) -> float:
-    """The bucket a row's decode steps read, averaged over its generation (rows in lock step)."""
-    positions = range(prompt_tokens, prompt_tokens + max(1, output_tokens))
-    return sum(token_bucket(p, n_positions) for p in positions) / len(positions)
+    """The bucket a row's decode steps read, averaged over its generation (rows in lock step).
+    The prefill gives the first output token; decode step k (k = 1 .. output_tokens - 1) writes
+    at cache_id prompt_tokens + k - 1, so its row holds prompt_tokens + k positions."""
+    lengths = range(prompt_tokens + 1, prompt_tokens + max(2, output_tokens))
+    return sum(token_bucket(n, n_positions) for n in lengths) / len(lengths)
 
 
 # -- fitting -----------------------------------------------------------------------------

@@ -45,10 +45,15 @@ def test_plan_on_the_7b_config_names_a_winner(tmp_path: Path, capsys: pytest.Cap
     config = ServingConfig.from_model_yaml(snippet_of(out))
     assert config.scheduler.mode == "continuous"
     assert config.scheduler.replicas * config.handler.tp_degree <= 24
-    assert config.batch_size >= config.scheduler.replicas * config.scheduler.n_slots
     assert (tmp_path / "plan-llama-2-7b.png").stat().st_size > 0
     report = json.loads((tmp_path / "plan-llama-2-7b.json").read_text())
-    assert any(row.get("usd_per_million_tokens") for row in report["layouts"])
+    winner = report["layouts"][0]  # ranked: the winner first
+    price = load_instances().instances["inf2.48xlarge"].usd_per_hour
+    expected = price / (winner["tokens_per_s"] * 3600) * 1e6
+    assert winner["usd_per_million_tokens"] == pytest.approx(expected, rel=1e-3)
+    assert winner["itl_p50_ms"] <= 50 and winner["ttft_p90_ms"] <= 1000  # within the default SLO
+    snippet = (config.handler.tp_degree, config.scheduler.n_slots, config.scheduler.replicas)
+    assert snippet == (winner["tp_degree"], winner["n_slots"], winner["replicas"])  # the snippet is the winner's
     assert any(row["no_fit"] and row["no_fit"].startswith("HBM per core") for row in report["layouts"])
 
 
@@ -108,3 +113,13 @@ def test_n_positions_holds_the_largest_bucket_and_the_output_rounded_to_512():
     seven = ModelShape.from_path(CONFIGS / "llama-2-7b.json")  # max_position_embeddings 4096
     with pytest.raises(ValueError, match="max_position_embeddings"):
         Workload(4000, 250).n_positions(seven)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--price", "inf2.xlarge=0"), ("--price", "inf2.xlarge=nan"), ("--output-tokens", "1"), ("--requests", "0")],
+)
+def test_arguments_that_would_make_a_meaningless_plan_are_refused(option: str, value: str, tmp_path: Path):
+    with pytest.raises(SystemExit) as exited:
+        plan.main(["--model", str(CONFIGS / "llama-2-7b.json"), option, value, "--out", str(tmp_path)])
+    assert exited.value.code == 2

@@ -7,6 +7,7 @@ those of tests/unit/test_memory_model.py's arithmetic: Llama-2-70B bf16 at tp_de
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import sys
@@ -84,7 +85,7 @@ def test_the_configured_layout_is_what_is_checked(checkpoint, start_backend, mon
 
     seen: list[Any] = []
 
-    def spy(backend: str, config_path: Path, layout: Any) -> None:
+    def spy(backend: str, config_path: Path, layout: Any, required: bool = False) -> None:
         seen.append(layout)
         assert estimate(ModelShape.from_path(config_path), layout).fits
         raise Checked
@@ -110,6 +111,17 @@ def test_a_layout_that_fits_logs_its_estimate_and_memory_check_false_skips_it(
 
     monkeypatch.setattr(neuronx_module, "check_memory_fit", refuse)
     start_backend(neuronx_yaml(checkpoint, neuronx={"memory_check": False}), warmup=False)
+
+
+@pytest.mark.usefixtures("fake_neuronx")
+def test_a_config_the_memory_model_cannot_read_skips_the_check_with_a_warning(checkpoint, start_backend, caplog):
+    """A mixture of experts (or a GPT-2-style config without the Llama keys) is not refused: the
+    backend starts, and the log says why nothing was checked."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "num_local_experts": 8}))
+    with caplog.at_level(logging.WARNING, logger="handler.backends.memory_fit"):
+        start_backend(neuronx_yaml(checkpoint), warmup=False)
+    assert "neuronx: memory check skipped: " in caplog.text and "a mixture of 8 experts" in caplog.text
 
 
 def sim_config(model_dir: Path, model_config: Path, tp_degree: int) -> dict[str, Any]:

@@ -87,6 +87,9 @@ def test_a_config_without_a_needed_key_is_refused_naming_it(tmp_path):
         ModelShape.from_config(config, "broken")
     with pytest.raises(ConfigError, match="cannot read"):
         ModelShape.from_path(tmp_path / "missing.json")
+    moe = json.loads((CONFIGS / "llama-2-7b.json").read_text()) | {"num_local_experts": 8}
+    with pytest.raises(ConfigError, match="a mixture of 8 experts; the memory model covers dense"):
+        ModelShape.from_config(moe, "mixtral")
 
 
 # -- Llama-2-7B bf16 (MHA, 32 heads) at tp 2 / 8 / 24, 4 slots x 4096 positions --------------------
@@ -134,6 +137,10 @@ def test_int8_weights_halve_the_layer_matrices_only(llama2_7b):
     norms = NORMS_7B * 2
     assert found.weights_gib == pytest.approx(gib(layers + embeddings + norms)) == pytest.approx(0.8154, abs=1e-4)
     assert found.kv_gib == 1.0  # the KV cache keeps its dtype
+    # under amp f32 (the handler's default amp) the unquantized parameters and the KV are 4 bytes
+    f32 = estimate(llama2_7b, Layout(8, 4, 4096, weight_dtype="int8", kv_dtype="f32"))
+    assert f32.weights_gib == pytest.approx(gib(layers + 2 * embeddings + 2 * norms))
+    assert f32.kv_gib == 2.0
 
 
 def test_near_limit(llama2_7b):
@@ -252,11 +259,11 @@ def test_nothing_fits_on_too_few_cores(llama2_70b):
     assert "64.2 GiB weights" in problem and "use a larger instance" in problem
 
 
-def test_valid_tp_degrees(llama2_7b):
-    assert valid_tp_degrees(llama2_7b, 1) == [1]
-    assert valid_tp_degrees(llama2_7b, 2) == [1, 2]  # inf2.xlarge / 8xlarge
-    assert valid_tp_degrees(llama2_7b, 12) == [1, 2, 4, 8, 12]  # inf2.24xlarge
-    assert valid_tp_degrees(llama2_7b, 24) == [1, 2, 4, 8, 12, 24]  # inf2.48xlarge
+def test_valid_tp_degrees():
+    assert valid_tp_degrees(1) == [1]
+    assert valid_tp_degrees(2) == [1, 2]  # inf2.xlarge / 8xlarge
+    assert valid_tp_degrees(12) == [1, 2, 4, 8, 12]  # inf2.24xlarge
+    assert valid_tp_degrees(24) == [1, 2, 4, 8, 12, 24]  # inf2.48xlarge
 
 
 def test_host_ram_to_shard_the_checkpoint(llama2_7b, llama31_8b):

@@ -52,9 +52,12 @@ def test_core_work_int8_and_gqa():
 
 
 def test_token_buckets():
-    assert [token_bucket(p, 4096) for p in (1, 128, 129, 2049, 5000)] == [128, 128, 256, 4096, 4096]
-    assert mean_kv_positions(128, 128, 4096) == (128 + 127 * 256) / 128  # position 128: bucket 128; 129..255: 256
-    assert mean_kv_positions(100, 1, 4096) == 128
+    assert [token_bucket(n, 4096) for n in (1, 128, 129, 2049, 5000)] == [128, 128, 256, 4096, 4096]
+    # 128 prompt tokens, 128 output: the prefill gives the first, 127 decode steps hold 129..255 positions
+    assert mean_kv_positions(128, 128, 4096) == 256
+    assert mean_kv_positions(100, 29, 4096) == 128  # 101..128 positions
+    assert mean_kv_positions(100, 30, 4096) == (28 * 128 + 256) / 29  # the last step holds 129
+    assert mean_kv_positions(100, 1, 4096) == 128  # no decode step: the next one's bucket
 
 
 def test_steps_grow_with_rows_context_and_tokens():
