@@ -293,30 +293,53 @@ def _replicated_kv_heads(heads: int, kv: int, tp: int, q_padded: int) -> int:
     return q_padded if padded == heads else padded
 
 
-def estimate(shape: ModelShape, layout: Layout, hbm_gib: float = HBM_PER_CORE_GIB) -> MemoryEstimate:
+@dataclass(frozen=True)
+class CoreShare:
+    """One NeuronCore's share of the parameters at a layout's tp_degree, with the SDK's padding
+    (what the memory estimate stores and the step-time model reads)."""
+
+    layer_matrices: float  # q, k, v, o, gate, up and down of every layer
+    vocab_table: float  # one vocabulary table: the lm_head (and, as large, the embedding)
+    norms: float  # replicated on every core
+    q_heads: int  # after padding, all cores together
+    kv_heads: int  # after padding / GQA replication, all cores together
+    kv_per_core: float
+
+
+def core_share(shape: ModelShape, layout: Layout) -> CoreShare:
     tp = layout.tp_degree
     q_heads, kv_heads, kv_per_core = padded_head_counts(shape, layout)
+    hidden = shape.hidden
+    attention = hidden * shape.head_dim * (2 * q_heads + 2 * kv_heads) / tp  # q, o; k, v
+    mlp = 3 * hidden * _round_up(shape.intermediate, tp) / tp  # intermediate padded to a multiple of tp
+    return CoreShare(
+        layer_matrices=shape.layers * (attention + mlp),
+        vocab_table=_round_up(shape.vocab, tp) * hidden / tp,
+        norms=(2 * shape.layers + 1) * hidden,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        kv_per_core=kv_per_core,
+    )
+
+
+def estimate(shape: ModelShape, layout: Layout, hbm_gib: float = HBM_PER_CORE_GIB) -> MemoryEstimate:
+    share = core_share(shape, layout)
     matrix_bytes = _dtype_bytes(layout.weight_dtype, "weight_dtype")
     other_bytes = unquantized_bytes(layout.weight_dtype, layout.kv_dtype)
-    hidden, head_dim = shape.hidden, shape.head_dim
-    attention = hidden * head_dim * (2 * q_heads + 2 * kv_heads) / tp  # q, o; k, v
-    mlp = 3 * hidden * _round_up(shape.intermediate, tp) / tp
-    vocab = 2 * _round_up(shape.vocab, tp) * hidden / tp  # embedding + lm_head
-    norms = (2 * shape.layers + 1) * hidden  # replicated
-    weights = shape.layers * (attention + mlp) * matrix_bytes + (vocab + norms) * other_bytes
+    weights = share.layer_matrices * matrix_bytes + (2 * share.vocab_table + share.norms) * other_bytes
     kv_bytes = _dtype_bytes(layout.kv_dtype, "kv_dtype")
-    kv_cache = 2 * shape.layers * kv_per_core * head_dim * layout.n_slots * layout.n_positions * kv_bytes
+    kv_cache = 2 * shape.layers * share.kv_per_core * shape.head_dim * layout.n_slots * layout.n_positions * kv_bytes
     return MemoryEstimate(
         weights_gib=weights / GIB,
         kv_gib=kv_cache / GIB,
         reserve_gib=RUNTIME_RESERVE_GIB,
         hbm_gib=hbm_gib,
-        padded_heads=q_heads,
-        kv_heads_per_core=kv_per_core,
+        padded_heads=share.q_heads,
+        kv_heads_per_core=share.kv_per_core,
         host_shard_gib=host_shard_gib(shape),
         name=shape.name,
         layout=layout,
-        padded_kv_heads=kv_heads,
+        padded_kv_heads=share.kv_heads,
     )
 
 

@@ -59,13 +59,12 @@ overhead, and the prompt padding inside a bucket beyond the bucket itself.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from handler.neuron.memory import DTYPE_BYTES, Layout, ModelShape, padded_head_counts, unquantized_bytes
+from handler.neuron.memory import DTYPE_BYTES, Layout, ModelShape, core_share, unquantized_bytes
 
 # Inferentia2 chip: 820 GB/s of HBM bandwidth and 190 BF16 TFLOPS for its 2 NeuronCore-v2
 # (awsdocs-neuron, general/arch/neuron-hardware/inferentia2: "190 FP16/BF16/cFP8/TF32 TFLOPS",
@@ -110,23 +109,16 @@ class CoreWork:
             gqa=gqa,
             sdk=sdk,
         )
-        q_heads, kv_heads, kv_per_core = padded_head_counts(shape, layout)
-        tp, hidden, head_dim = tp_degree, shape.hidden, shape.head_dim
-        attention = hidden * head_dim * (2 * q_heads + 2 * kv_heads) / tp
-        mlp = 3 * hidden * math.ceil(shape.intermediate / tp)  # intermediate padded to a multiple of tp
-        lm_head = math.ceil(shape.vocab / tp) * hidden
-        matrix_bytes = DTYPE_BYTES[weight_dtype]
-        other_bytes = unquantized_bytes(weight_dtype, kv_dtype)
-        kv_bytes = 2 * shape.layers * kv_per_core * head_dim * DTYPE_BYTES[kv_dtype]
-        matrix_total = shape.layers * (attention + mlp) * matrix_bytes
+        share = core_share(shape, layout)
+        matrix_bytes = share.layer_matrices * DTYPE_BYTES[weight_dtype]
         return cls(
             layers=shape.layers,
-            weight_bytes=matrix_total + lm_head * other_bytes,
-            int8_bytes=matrix_total if weight_dtype == "int8" else 0.0,
-            kv_bytes_per_position=kv_bytes,
-            matrix_params=shape.layers * (attention + mlp),
-            lm_head_params=lm_head,
-            attention_width=int(q_heads // tp) * head_dim,
+            weight_bytes=matrix_bytes + share.vocab_table * unquantized_bytes(weight_dtype, kv_dtype),
+            int8_bytes=matrix_bytes if weight_dtype == "int8" else 0.0,
+            kv_bytes_per_position=2 * shape.layers * share.kv_per_core * shape.head_dim * DTYPE_BYTES[kv_dtype],
+            matrix_params=share.layer_matrices,
+            lm_head_params=share.vocab_table,
+            attention_width=share.q_heads // tp_degree * shape.head_dim,
         )
 
 
