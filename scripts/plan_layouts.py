@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from handler.neuron.memory import HBM_PER_CORE_GIB, Layout, ModelShape, estimate, fit_problem, valid_tp_degrees
+from handler.neuron.memory import HBM_PER_CORE_GIB, Layout, ModelShape, estimate, fit_advice, valid_tp_degrees
 
 REPO = Path(__file__).resolve().parent.parent
 INSTANCES_FILE = REPO / "profiles" / "inf2-instances.yaml"
@@ -29,7 +29,6 @@ POSITIONS_STEP = 512  # n_positions is rounded up to this: a round last decode b
 class Instance:
     name: str
     neuron_cores: int
-    vcpus: int
     host_memory_gib: float
     usd_per_hour: float
 
@@ -48,7 +47,7 @@ def load_instances(path: Path = INSTANCES_FILE, overrides: dict[str, float] | No
     found = {}
     for name, spec in raw["instances"].items():
         price = (overrides or {}).get(name, spec["usd_per_hour"])
-        found[name] = Instance(name, spec["neuron_cores"], spec["vcpus"], spec["host_memory_gib"], price)
+        found[name] = Instance(name, spec["neuron_cores"], spec["host_memory_gib"], price)
     return Prices(found, str(raw.get("date", "")), str(raw.get("region", "")))
 
 
@@ -138,23 +137,22 @@ def candidates(
 
 
 def fit_problem_of(shape: ModelShape, candidate: Candidate, presharded: bool = False) -> str | None:
-    """Why the layout cannot load, or None: HBM per core (memory.fit_problem's numbers and advice),
+    """Why the layout cannot load, or None: HBM per core (the memory estimate and its fit_advice),
     or host RAM: replica 0 loads alone, then the others together (handler/replicas), each
     sharding the checkpoint in host RAM. `presharded`: the weights load already sharded (nxdi's
     save_sharded_checkpoint, written by the compile, which can run on a larger host), so the
     host RAM to shard them is not the serving instance's limit."""
-    hbm = fit_problem(shape, candidate.layout)
-    if hbm is not None:
-        found = estimate(shape, candidate.layout)
-        advice = hbm.split("; ", 1)[1] if "; " in hbm else ""
+    found = estimate(shape, candidate.layout)
+    if not found.fits:
         return (
             f"HBM per core at {candidate.n_slots} slot(s): {found.weights_gib:.1f} GiB weights + {found.kv_gib:.1f} "
-            f"KV + {found.reserve_gib:.1f} reserve = {found.total_gib:.1f} > {found.hbm_gib:g} GiB; {advice}"
+            f"KV + {found.reserve_gib:.1f} reserve = {found.total_gib:.1f} > {found.hbm_gib:g} GiB; "
+            f"{fit_advice(shape, candidate.layout)}"
         )
     if presharded:
         return None
     copies = max(1, candidate.replicas - 1)
-    need = copies * estimate(shape, candidate.layout).host_shard_gib
+    need = copies * found.host_shard_gib
     host = candidate.instance.host_memory_gib
     if need > host:
         return (

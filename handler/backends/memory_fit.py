@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from handler.errors import ConfigError
-from handler.neuron.memory import Layout, MemoryEstimate, ModelShape, estimate, fit_problem
+from handler.neuron.memory import Layout, MemoryEstimate, ModelShape, estimate, fit_advice
 
 logger = logging.getLogger(__name__)
 
@@ -34,15 +34,14 @@ def check_memory_fit(backend: str, config_path: Path, layout: Layout, required: 
             raise
         logger.warning("%s: memory check skipped: %s", backend, exc)
         return None
-    problem = fit_problem(shape, layout)
-    if problem is not None:
+    found = estimate(shape, layout)
+    if not found.fits:
         raise ConfigError(
             f"model-config.yaml: backend {backend}: this layout does not fit in a NeuronCore's memory, so it would "
-            f"fail to allocate after loading (or compiling): {problem}. Change handler.tp_degree, scheduler.n_slots "
-            f"or handler.n_positions (the estimate: handler/neuron/memory.py; to skip the check, "
-            f"{SKIP_HINT.get(backend, 'skip it')})"
+            f"fail to allocate after loading (or compiling): {found.explain()}; {fit_advice(shape, layout)}. Change "
+            f"handler.tp_degree, scheduler.n_slots or handler.n_positions (the estimate: handler/neuron/memory.py; "
+            f"to skip the check, {SKIP_HINT.get(backend, 'skip it')})"
         )
-    found = estimate(shape, layout)
     if found.near_limit:
         logger.warning(
             "%s: memory check: %s, within 5 %% of the limit (the runtime reserve is an estimate): the model may fail "
@@ -55,5 +54,10 @@ def check_memory_fit(backend: str, config_path: Path, layout: Layout, required: 
     return found
 
 
+def amp_dtype(amp: str) -> str:
+    """handler.amp in the memory model's spelling: the KV cache's dtype and the weights' unless int8."""
+    return AMP_DTYPES.get(amp, amp)
+
+
 def weight_dtype(amp: str, int8: bool = False) -> str:
-    return "int8" if int8 else AMP_DTYPES.get(amp, amp)
+    return "int8" if int8 else amp_dtype(amp)

@@ -79,7 +79,7 @@ from handler.backends.device_slots import (
     package_version,
     place_process,
 )
-from handler.backends.memory_fit import check_memory_fit, weight_dtype
+from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
 from handler.backends.sampling import BatchSampler, prompt_logprobs
 from handler.config import ServingConfig
 from handler.errors import ConfigError
@@ -140,13 +140,13 @@ class NeuronxBackend(Backend):
         self.buckets = context_buckets(self.settings, self.n_positions)
         self.max_prompt_tokens = self.buckets[-1]
         self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
-        if self.settings.memory_check:  # before any core is claimed or anything loads
+        if self.settings.memory_check:  # before any core is claimed or the model loads
             layout = Layout(
                 self.tp_degree,
                 self.n_slots,
                 self.n_positions,
                 weight_dtype(self.amp, int8=self.settings.quantize_weights is not None),
-                weight_dtype(self.amp),
+                amp_dtype(self.amp),
                 gqa=self.settings.group_query_attention,
                 sdk="neuronx",
             )

@@ -66,7 +66,7 @@ from handler.backends.device_slots import (
     package_version,
     place_process,
 )
-from handler.backends.memory_fit import check_memory_fit, weight_dtype
+from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
 from handler.backends.sampling import BatchSampler
 from handler.config import ServingConfig
 from handler.errors import ConfigError
@@ -203,14 +203,14 @@ class NxdiBackend(Backend):
         self.max_prompt_tokens = self.context_buckets[-1]
         self.on_device = self.settings.on_device_sampling
         self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
-        if self.settings.memory_check:  # before any core is claimed or anything loads
+        if self.settings.memory_check:  # before any core is claimed or the model loads
             int8 = bool(self.settings.neuron_config.get("quantized"))  # NxDI's weight quantization keyword
             layout = Layout(
                 self.tp_degree,
                 self.n_slots,
                 self.n_positions,
                 weight_dtype(self.amp, int8),
-                weight_dtype(self.amp),
+                amp_dtype(self.amp),
                 sdk="nxdi",
             )
             check_memory_fit("nxdi", checkpoint, layout)

@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import torch
 
 from handler.backends.base import Backend, SlotRequest, SlotRequestError, clamp_n_positions
-from handler.backends.memory_fit import check_memory_fit, weight_dtype
+from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
 from handler.backends.sampling import BatchSampler
 from handler.backends.sampling_per_slot import PerSlotSampler
 from handler.backends.sim_profile import Profile, load_profile, resolve_profile_path
@@ -249,7 +249,7 @@ class SimBackend(Backend):
         self.n_positions = clamp_n_positions(config.n_positions, self.profile.n_positions, "profile")
         if config.sim.hf_config is not None:  # the device backends' check, before anything loads
             layout = Layout(
-                config.tp_degree, self.n_slots, self.n_positions, weight_dtype(config.amp), weight_dtype(config.amp)
+                config.tp_degree, self.n_slots, self.n_positions, weight_dtype(config.amp), amp_dtype(config.amp)
             )
             check_memory_fit("sim", resolve_profile_path(config.sim.hf_config, model_dir), layout, required=True)
         self.tokenizer = load_tokenizer(checkpoint, config.trust_remote_code)

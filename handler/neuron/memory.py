@@ -369,12 +369,22 @@ def fit_problem(
     hbm_gib: float = HBM_PER_CORE_GIB,
     degrees: Sequence[int] = INF2_TP_DEGREES,
 ) -> str | None:
-    """None if the layout fits; else what it takes against the HBM and what would fit: the
-    smallest larger tp_degree (of `degrees`), the most slots at this tp_degree, else the most
-    positions for one slot, and int8 weights when they alone would make it fit."""
+    """None if the layout fits; else what it takes against the HBM and what would fit (fit_advice)."""
     found = estimate(shape, layout, hbm_gib)
     if found.fits:
         return None
+    return f"{found.explain()}; {fit_advice(shape, layout, hbm_gib, degrees)}"
+
+
+def fit_advice(
+    shape: ModelShape,
+    layout: Layout,
+    hbm_gib: float = HBM_PER_CORE_GIB,
+    degrees: Sequence[int] = INF2_TP_DEGREES,
+) -> str:
+    """What would fit instead of a layout that does not: the smallest larger tp_degree (of
+    `degrees`), the most slots at this tp_degree, else the most positions for one slot, and int8
+    weights when they alone would make it fit."""
     options = []
     larger = [tp for tp in degrees if tp > layout.tp_degree]
     tp = next((tp for tp in larger if _fits(shape, layout, hbm_gib, tp_degree=tp)), None)
@@ -390,10 +400,8 @@ def fit_problem(
     if layout.weight_dtype != "int8" and _fits(shape, layout, hbm_gib, weight_dtype="int8"):
         options.append("int8 weights")
     if options:
-        advice = "try " + " or ".join(options)
-    else:
-        advice = f"no tp_degree up to {max(degrees)} holds it with these slots and positions; use a larger instance"
-    return f"{found.explain()}; {advice}"
+        return "try " + " or ".join(options)
+    return f"no tp_degree up to {max(degrees)} holds it with these slots and positions; use a larger instance"
 
 
 def _fits(shape: ModelShape, layout: Layout, hbm_gib: float, **change: Any) -> bool:

@@ -28,9 +28,11 @@ from handler.neuron.step_time import (
     Calibration,
     CoreWork,
     decode_features,
+    decode_ms,
     fit,
     mean_kv_positions,
     prefill_features,
+    prefill_ms,
 )
 
 POINTS_FILE = Path(__file__).resolve().parent.parent.parent / "profiles" / "published-points.yaml"
@@ -72,9 +74,12 @@ class PublishedPoint:
 
     def features(self) -> tuple[float, ...]:
         if self.kind == "decode":
-            positions = mean_kv_positions(self.prompt_tokens, self.output_tokens, self.n_positions)
-            return decode_features(self.work(), self.batch, positions)
+            return decode_features(self.work(), self.batch, self.kv_positions())
         return prefill_features(self.work(), self.batch, self.prompt_bucket)
+
+    def kv_positions(self) -> float:
+        """A decode point's token bucket, averaged over its generation."""
+        return mean_kv_positions(self.prompt_tokens, self.output_tokens, self.n_positions)
 
     def conditions(self) -> str:
         dtype = "" if self.weight_dtype == "bf16" else f" {self.weight_dtype}"
@@ -139,8 +144,10 @@ class Check:
 
 
 def predict(point: PublishedPoint, cal: Calibration) -> float:
-    coefficients = cal.decode_coefficients() if point.kind == "decode" else cal.prefill_coefficients()
-    return sum(f * c for f, c in zip(point.features(), coefficients, strict=True))
+    """Through the functions the planner calls, so P10 validates what it plans with."""
+    if point.kind == "decode":
+        return decode_ms(point.work(), point.batch, point.kv_positions(), cal)
+    return prefill_ms(point.work(), point.batch, point.prompt_bucket, cal)
 
 
 def check(points: Sequence[PublishedPoint], cal: Calibration) -> list[Check]:
