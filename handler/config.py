@@ -92,6 +92,27 @@ class SchedulerConfig(_Section):
         return self.replicas * self.n_slots
 
 
+class GrammarConfig(_Section):
+    """`handler.grammar`: how constraints (structured output, tools) are compiled on receipt."""
+
+    compile_threads: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="constraints compiled at once, off the step thread (llguidance releases the GIL meanwhile)",
+    )
+    compile_timeout_s: float = Field(
+        default=10.0, gt=0, le=600, description="a constraint not compiled by then is that request's 400"
+    )
+    max_symbols: int = Field(
+        default=50_000,
+        ge=1_000,
+        le=60_000,
+        description="llguidance's max_grammar_size: the most grammar symbols a constraint may compile to "
+        "(its matcher cannot hold more than 65,525)",
+    )
+
+
 class MicroBatchingConfig(_Section):
     micro_batch_size: int = Field(default=1, ge=1, le=256)
     parallelism: Parallelism = Parallelism()
@@ -116,6 +137,20 @@ class HandlerConfig(_Section):
     max_stop_strings: int = Field(
         default=16, ge=1, le=256, description="the most stop strings a request may give (OpenAI's own API allows 4)"
     )
+    max_stop_chars: int = Field(
+        default=4096,
+        ge=1,
+        le=1_000_000,
+        description="the most characters a request's stop strings may hold in all (matching costs their length "
+        "once per request, never per token)",
+    )
+    max_json_depth: int = Field(
+        default=64,
+        ge=4,
+        le=512,
+        description="the deepest nesting of arrays and objects a request body may have (schemas included)",
+    )
+    grammar: GrammarConfig = GrammarConfig()
     step_timeout_s: float = Field(
         default=600.0,
         gt=0,

@@ -30,6 +30,7 @@ if os.path.isdir(_BUNDLED_DEPS) and _BUNDLED_DEPS not in sys.path:
 from ts.torch_handler.base_handler import BaseHandler
 
 from handler.serving.init_failure import FailedServing
+from handler.serving.replies import encodable
 from handler.serving.service import GenerationService
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class Inf2StreamingHandler(BaseHandler):
 
     def handle(self, data, context):
         """TorchServe's entry point (bound before initialize(), so it dispatches)."""
-        return self.serving.handle(data, context)
+        return encodable(self.serving.handle(data, context))
 
     def shutdown(self) -> None:
         """Stop the engine's or MicroBatching's threads and release the model."""

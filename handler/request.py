@@ -80,6 +80,8 @@ class Limits:
     default_max_new_tokens: int
     max_new_tokens: int
     max_stop_strings: int = 16
+    max_stop_chars: int = 4096  # all stop strings together
+    max_json_depth: int = 64  # nesting of the request body
 
 
 @dataclass(frozen=True)

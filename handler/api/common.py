@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from handler.api.json_tree import check_json_tree
 from handler.errors import InvalidRequest
 from handler.grammar.grammars import json_schema_text
 from handler.request import Constraint, Limits
@@ -30,8 +31,9 @@ class Lenient(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-def decode_body(body: Any) -> dict[str, Any] | str:
-    """TorchServe hands the body over as dict (decoded JSON), str, or bytes."""
+def decode_body(body: Any, max_depth: int = 64) -> dict[str, Any] | str:
+    """TorchServe hands the body over as dict (decoded JSON), str, or bytes. Whatever the form,
+    the result holds only valid Unicode and nests at most `max_depth` levels (handler/api/json_tree.py)."""
     if isinstance(body, (bytes, bytearray)):
         try:
             body = bytes(body).decode("utf-8")
@@ -40,15 +42,19 @@ def decode_body(body: Any) -> dict[str, Any] | str:
     if isinstance(body, str):
         stripped = body.lstrip()
         if not stripped.startswith(("{", "[")):
+            check_json_tree(body, max_depth)
             return body
         try:
             body = json.loads(stripped)
         except json.JSONDecodeError as exc:
             raise InvalidRequest(f"request body is not valid JSON: {exc.msg} at position {exc.pos}", "body") from None
+        except RecursionError:  # TorchServe's own decode gave up for the same reason and passed the bytes on
+            raise InvalidRequest(f"the request body is nested deeper than {max_depth} levels", "body") from None
     if not isinstance(body, dict):
         raise InvalidRequest(
             f"request body must be a JSON object or plain text, got a JSON {type(body).__name__}", "body"
         )
+    check_json_tree(body, max_depth)
     return body
 
 
@@ -120,16 +126,22 @@ def checked_max_new_tokens(value: int | None, limits: Limits, param: str) -> int
 
 def stop_strings(
     stop: str | list[str] | None,
-    limit: int,
+    limits: Limits,
     too_many: str = "at most {limit} stop strings are allowed, got {count}",
     empty: str = "stop strings must not be empty",
 ) -> tuple[str, ...]:
-    """Up to `limit` non-empty stop strings (the messages in the route's words)."""
+    """Up to `limits.max_stop_strings` non-empty stop strings of at most `limits.max_stop_chars`
+    characters in all (the messages in the route's words)."""
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if len(stops) > limit:
-        raise InvalidRequest(too_many.format(limit=limit, count=len(stops)), "stop")
+    if len(stops) > limits.max_stop_strings:
+        raise InvalidRequest(too_many.format(limit=limits.max_stop_strings, count=len(stops)), "stop")
     if any(s == "" for s in stops):
         raise InvalidRequest(empty, "stop")
+    total = sum(len(s) for s in stops)
+    if total > limits.max_stop_chars:
+        raise InvalidRequest(
+            f"stop strings may hold at most {limits.max_stop_chars} characters in all, got {total}", "stop"
+        )
     return tuple(stops)
 
 

@@ -94,7 +94,7 @@ def _build(prompt: str, params: GenerationParameters, stream: bool | None, limit
         prompt=prompt,
         max_new_tokens=max_new_tokens,
         sampling=_sampling(params),
-        stop=stop_strings(params.stop, limits.max_stop_strings),
+        stop=stop_strings(params.stop, limits),
         stream=True if stream is None else stream,
         ignore_eos=bool(params.ignore_eos),
         logprobs=params.logprobs,

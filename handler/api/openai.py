@@ -116,7 +116,7 @@ class _OpenAIGeneration(Api):
             prompt=prompt,
             max_new_tokens=_max_tokens(req, limits),
             sampling=_sampling(req),
-            stop=stop_strings(req.stop, limits.max_stop_strings),
+            stop=stop_strings(req.stop, limits),
             stream=bool(req.stream),
             ignore_eos=bool(req.ignore_eos),
             add_special_tokens=add_special_tokens,

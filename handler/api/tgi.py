@@ -125,7 +125,7 @@ class TgiApi(Api):
             prompt=req.inputs,
             max_new_tokens=_max_new_tokens(params.max_new_tokens, limits),
             sampling=sampling,
-            stop=_stop(params.stop, limits.max_stop_strings),
+            stop=_stop(params.stop, limits),
             stream=stream,
             ignore_eos=bool(params.ignore_eos),
             logprobs=self.top_n if wants_logprobs else None,
@@ -348,6 +348,6 @@ def _max_new_tokens(value: int | None, limits: Limits) -> int:
         raise InvalidRequest(message, exc.param) from None
 
 
-def _stop(stop: str | list[str] | None, limit: int) -> tuple[str, ...]:
+def _stop(stop: str | list[str] | None, limits: Limits) -> tuple[str, ...]:
     too_many = "`stop` supports up to {limit} stop sequences. Given: {count}"
-    return stop_strings(stop, limit, too_many, "`stop` sequences must not be empty")
+    return stop_strings(stop, limits, too_many, "`stop` sequences must not be empty")

@@ -12,6 +12,7 @@ import json
 
 import llguidance
 
+from handler.grammar import matchers
 from handler.request import Constraint
 
 COMPACT_JSON: llguidance.JsonCompileOptions = {"whitespace_flexible": False}
@@ -34,16 +35,15 @@ def llguidance_grammar(constraint: Constraint) -> str:
     raise ValueError(f"unknown constraint kind {constraint.kind!r}")
 
 
-@functools.lru_cache(maxsize=256)
 def grammar_problem(constraint: Constraint) -> str | None:
-    """Why the constraint cannot be enforced (llguidance's own words), or None when it can.
-    Checked on receipt, so a bad schema is that request's 400 and never reaches a step."""
+    """Why the constraint's grammar cannot be compiled (llguidance's own words, one line), or None
+    when it can; without a tokenizer (the receipt check builds the whole matcher:
+    handler/grammar/compiler.py)."""
     try:
         grammar = llguidance_grammar(constraint)
     except ValueError as exc:
-        return str(exc)
-    error = llguidance.LLMatcher.validate_grammar(grammar)
-    return error.strip() or None
+        return matchers.error_gist(str(exc))
+    return matchers.validate(grammar)
 
 
 def json_schema_text(schema: object) -> str:

@@ -8,28 +8,26 @@ token. Measured at 8 rows x 128,256 tokens: fill 0.4 ms, apply 0.4 ms, advance 0
 (`make bench`, P9). A plain bool unpack + masked_fill takes 4-5 ms for the same work.
 
 Once the output is complete the grammar allows EOS alone, so the sampler ends the sequence
-with EOS (finish reason `stop`). Compiled grammars are kept in a bounded LRU, keyed by the
-grammar text; each request gets a copy of the compiled matcher (a few microseconds).
+with EOS (finish reason `stop`). Compiled grammars are the process's (handler/grammar/matchers.py),
+usually compiled on receipt; each request gets a copy of the compiled matcher (a few microseconds).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import llguidance
-import llguidance.hf
 import llguidance.torch
 import torch
 
+from handler.grammar import matchers
 from handler.grammar.grammars import llguidance_grammar
 from handler.request import Constraint
 
 logger = logging.getLogger(__name__)
 
-CACHE_SIZE = 64
 _BITS = 32
 
 
@@ -59,12 +57,10 @@ class GrammarMasks:
     """The matchers of a backend's constrained slots. `prepare` builds llguidance's view of the
     tokenizer (seconds at a 128k vocabulary: call it at warm-up, not in a request's step)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int], cache_size: int = CACHE_SIZE):
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]):
         self._hf_tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._eos = sorted(eos_token_ids)
-        self._cache_size = cache_size
-        self._compiled: OrderedDict[str, Any] = OrderedDict()
         self._matchers: dict[int, Any] = {}
         self._tokenizer: Any = None
         self._executor: Any = None
@@ -72,26 +68,14 @@ class GrammarMasks:
 
     def prepare(self) -> None:
         if self._tokenizer is None:
-            self._tokenizer = llguidance.hf.from_tokenizer(
-                self._hf_tokenizer, n_vocab=self.vocab_size, eos_token=self._eos or None
-            )
+            self._tokenizer = matchers.tokenizer_view(self._hf_tokenizer, self.vocab_size, self._eos)
             self._executor = llguidance.LLExecutor()
 
     def add(self, slot: int, constraint: Constraint) -> None:
         """A matcher for the slot's request, at the start of its output. Raises ValueError when
         the grammar does not compile for this tokenizer."""
         self.prepare()
-        grammar = llguidance_grammar(constraint)
-        compiled = self._compiled.get(grammar)
-        if compiled is None:
-            compiled = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
-            if compiled.is_error():
-                raise ValueError(compiled.get_error())
-            self._compiled[grammar] = compiled
-            if len(self._compiled) > self._cache_size:
-                self._compiled.popitem(last=False)
-        else:
-            self._compiled.move_to_end(grammar)
+        compiled = matchers.compiled(self._tokenizer, llguidance_grammar(constraint))
         self._matchers[slot] = compiled.deep_copy()
 
     def remove(self, slot: int) -> None:
@@ -103,8 +87,8 @@ class GrammarMasks:
         if self._bitmask.numel() < len(rows) * words:
             self._bitmask = torch.empty(len(rows) * words, dtype=torch.int32)
         bitmask = self._bitmask[: len(rows) * words].view(len(rows), words)
-        matchers = [(self._matchers[slot], i) for i, slot in enumerate(slots)]
-        llguidance.torch.fill_next_token_bitmask_par(self._executor, matchers, bitmask)
+        pairs = [(self._matchers[slot], i) for i, slot in enumerate(slots)]
+        llguidance.torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
         for i, slot in enumerate(slots):
             if self._matchers[slot].is_error():  # a matcher that lost its way ends the output
                 logger.error("slot %d: grammar matcher error: %s", slot, self._matchers[slot].get_error())

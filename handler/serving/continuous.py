@@ -60,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 # Longest a call waits for news; the engine answers each step well within it.
 WAIT_CAP_S = 1.0
+# How often a call looks for constraints compiled meanwhile (handler/grammar/compiler.py).
+COMPILE_POLL_S = 0.02
 # The frontend calls again at once while it holds a job of ours; this long without a call
 # means it holds none, whatever is left in `_tracked` (a client that went away unnoticed).
 IDLE_GAP_S = 2 * WAIT_CAP_S
@@ -150,9 +152,13 @@ class ContinuousServing:
         for index, request_id in ids.items():
             if request_id not in self._tracked and request_id not in self._answered:
                 self._admit(index, request_id, data[index], context)
+        compiling = self._settle_compiling(ids)
         if self.overlap:
             if not any(r in self._answered or self._answerable(self._tracked[r]) for r in ids.values()):
-                self.engine.wait(ids.values(), step_before, self._wait_cap())
+                cap = min(self._wait_cap(), COMPILE_POLL_S) if compiling else self._wait_cap()
+                self.engine.wait(ids.values(), step_before, cap)
+            if compiling:
+                self._settle_compiling(ids)
         else:
             self.engine.step()
         stuck = self.engine.step_running_for()
@@ -219,8 +225,26 @@ class ContinuousServing:
             refusal = self._failed.error
         work = self.service.prepare(index, row, context, refusal)
         self._tracked[request_id] = _Tracked(work)
+        if self.service.settle(work):
+            self._submit(work)
+
+    def _submit(self, work: Work) -> None:
         for sequence in work.sequences:
             self.engine.submit(sequence)
+
+    def _settle_compiling(self, ids: dict[int, str]) -> bool:
+        """Submit the requests of this call whose constraint compiled meanwhile (a refused one has
+        its error now); whether some are still compiling."""
+        compiling = False
+        for request_id in ids.values():
+            tracked = self._tracked.get(request_id)
+            if tracked is None or tracked.work.compiling is None:
+                continue
+            if self.service.settle(tracked.work):
+                self._submit(tracked.work)
+            else:
+                compiling = True
+        return compiling
 
     def _cancel(self, context: Any, request_id: str) -> None:
         if self._answered.end(request_id):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from handler.api.base import Api
+from handler.api.json_tree import printable
 from handler.errors import ServingError
 
 
@@ -16,6 +17,14 @@ def error_reply(context: Any, index: int, api: Api, error: ServingError) -> str:
     context.set_response_status(status, phrase, index)
     context.set_response_content_type(index, "application/json")
     return api.error(error, midstream=False)
+
+
+def encodable(replies: list[Any]) -> list[Any]:
+    """The replies with every text made UTF-8-encodable. TorchServe's worker encodes each reply
+    outside any handler code, and a text it cannot encode (a lone surrogate echoed from a request)
+    ends the worker process and every stream in it. Bodies are checked on receipt
+    (handler/api/json_tree.py); this is the last line, whatever a reply came to echo."""
+    return [printable(r) if isinstance(r, str) and not r.isascii() else r for r in replies]
 
 
 STREAMED_TYPES = ("text/event-stream", "application/x-ndjson")

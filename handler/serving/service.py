@@ -16,13 +16,14 @@ from typing import Any
 from handler import failpoints
 from handler.api import Api, route_path, select_api
 from handler.api.common import decode_body
+from handler.api.json_tree import printable
 from handler.api.native import NativeApi
 from handler.backends.base import Backend
 from handler.backends.loader import load_backend
 from handler.config import ServingConfig
 from handler.engine.sequence import Sequence
-from handler.errors import EngineError, InvalidRequest, ServingError
-from handler.grammar.grammars import grammar_problem
+from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError
+from handler.grammar.compiler import ConstraintCompiler, PendingConstraint
 from handler.replicas.model import ReplicatedModel, start_replicas
 from handler.request import GenerationRequest, Limits
 from handler.serving.metrics import TokenMetrics, arrival_time
@@ -43,6 +44,7 @@ class Work:
     final_sent: bool = False  # a streamed request's closing chunk went out as soon as it finished
     arrived_at: float = 0.0  # perf_counter clock; see handler/serving/metrics.py
     reply: str | None = None  # a route answered without generating (e.g. v1/models)
+    compiling: PendingConstraint | None = None  # its constraint is being compiled: not submitted yet
 
     @property
     def sequence(self) -> Sequence | None:
@@ -60,8 +62,23 @@ class GenerationService:
         self.config = config
         self.backend = backend
         handler = config.handler
-        self.limits = Limits(handler.default_max_new_tokens, handler.max_new_tokens, handler.max_stop_strings)
+        self.limits = Limits(
+            handler.default_max_new_tokens,
+            handler.max_new_tokens,
+            handler.max_stop_strings,
+            handler.max_stop_chars,
+            handler.max_json_depth,
+        )
         self.token_metrics = TokenMetrics(backend.n_slots)
+        grammar = handler.grammar
+        self.constraints = ConstraintCompiler(
+            backend.tokenizer,
+            backend.vocab_size,
+            backend.eos_token_ids,
+            grammar.compile_threads,
+            grammar.compile_timeout_s,
+            grammar.max_symbols,
+        )
 
     @classmethod
     def from_context(cls, context: Any) -> GenerationService:
@@ -96,7 +113,8 @@ class GenerationService:
         work.arrived_at = arrival_time(context, index)
         try:
             url_path = context.get_request_header(index, "url_path")
-            body = None if route_path(url_path) else decode_body(body_of(row))  # no route: the body picks it
+            depth = self.limits.max_json_depth
+            body = None if route_path(url_path) else decode_body(body_of(row), depth)  # no route: the body picks it
             handler = self.config.handler
             work.api = select_api(url_path, context.model_name, body, handler.no_route_api, handler.tool_call_parser)
             if refusal is not None:
@@ -104,7 +122,7 @@ class GenerationService:
             work.reply = work.api.immediate()
             if work.reply is not None:
                 return work
-            body = decode_body(body_of(row)) if body is None else body
+            body = decode_body(body_of(row), depth) if body is None else body
             request = work.api.parse(body, self.limits, self.backend.tokenizer)
             self._check_logprobs(request, work.api)
             self._check_sampling(request, work.api)
@@ -115,7 +133,7 @@ class GenerationService:
                     text = self.backend.tokenizer.decode(prompt_ids, skip_special_tokens=True)
                     request = dataclasses.replace(request, prompt=text)
             else:  # a rendered chat template already holds its special tokens
-                prompt_ids = self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+                prompt_ids = self._encoded(request, work.api)
             self._check_length(request, len(prompt_ids), work.api)
             work.sequences = [
                 Sequence(
@@ -130,12 +148,40 @@ class GenerationService:
                 )
                 for i in range(request.n)
             ]
+            if request.constraint is not None:  # compiled off the step thread; submitted once it is
+                work.compiling = self.constraints.submit(request.constraint)
         except ServingError as exc:
             work.error = exc
         except Exception as exc:
             logger.exception("preprocessing request %s failed", work.request_id)
             work.error = EngineError(f"preprocessing failed: {exc}")
         return work
+
+    def settle(self, work: Work, block: bool = False) -> bool:
+        """Whether the request's constraint (if any) is compiled or refused (`work.error`); with
+        `block`, wait for it within its budget."""
+        pending = work.compiling
+        if pending is None:
+            return True
+        if block:
+            pending.wait()
+        if not pending.done:
+            return False
+        work.compiling = None
+        problem = pending.problem()
+        if problem is not None:
+            param = work.api.wire_name("constraint")
+            work.error = InvalidRequest(f"{param} cannot be enforced: {problem}", param)
+            work.sequences = []
+        return True
+
+    def _encoded(self, request: GenerationRequest, api: Api) -> list[int]:
+        """The prompt's token ids; text the tokenizer refuses is the client's 400, not our 500."""
+        try:
+            return self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        except (TypeError, ValueError, UnicodeError) as exc:
+            param = api.wire_name("prompt")
+            raise InvalidRequest(f"'{param}' cannot be tokenized: {printable(str(exc))[:200]}", param) from None
 
     def _check_logprobs(self, request: GenerationRequest, api: Api) -> None:
         """The one place a backend's logprob capability is checked (sim has no logits; neuronx has the
@@ -173,9 +219,8 @@ class GenerationService:
                 raise InvalidRequest(
                     f"ignore_eos cannot be combined with {param}: a complete output ends with EOS", "ignore_eos"
                 )
-            problem = grammar_problem(request.constraint)
-            if problem is not None:
-                raise InvalidRequest(f"{param} cannot be enforced: {_gist(problem)}", param)
+            if self.constraints.busy:
+                raise ServiceUnavailable("too many constraints are being compiled; retry shortly", param)
         if request.n > 1 and self.config.scheduler.mode != "continuous":
             raise InvalidRequest("n > 1 needs scheduler.mode continuous; send n separate requests", api.wire_name("n"))
 
@@ -223,15 +268,8 @@ class GenerationService:
         )
 
     def close(self) -> None:
+        self.constraints.close()
         self.backend.close()
-
-
-def _gist(message: str, limit: int = 300) -> str:
-    """The gist of a grammar engine's error: its first line, and the `error: ...` line a regex
-    error puts under the quoted pattern (a Lark error goes on to quote the whole grammar)."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    gist = " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error:")])
-    return gist if len(gist) <= limit else gist[: limit - 1] + "…"
 
 
 def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:

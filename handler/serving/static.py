@@ -25,7 +25,7 @@ from handler.engine.micro_batch import MicroBatchEngine
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, ServingError
 from handler.serving import drain
-from handler.serving.replies import error_reply, set_content_type
+from handler.serving.replies import encodable, error_reply, set_content_type
 from handler.serving.service import GenerationService, Work
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,9 @@ class StaticServing:
         return [self._prepare(index, row) for index, row in indexed_rows]
 
     def _prepare(self, index: int, row: Any) -> Work:
-        return self.service.prepare(index, row, self.context, drain.refused() if self.drain.draining else None)
+        work = self.service.prepare(index, row, self.context, drain.refused() if self.drain.draining else None)
+        self.service.settle(work, block=True)
+        return work
 
     def inference(self, work: list[Work], *args: Any, **kwargs: Any) -> list[Work]:
         context = self.context
@@ -98,7 +100,11 @@ class StaticServing:
             return
         with self._socket_lock:
             send_intermediate_predict_response(
-                {work.index: chunk}, {work.index: work.request_id}, "Intermediate Prediction success", 200, context
+                {work.index: encodable([chunk])[0]},
+                {work.index: work.request_id},
+                "Intermediate Prediction success",
+                200,
+                context,
             )
         work.chunks_sent += 1
 

@@ -29,7 +29,7 @@ MAX_TOKENS = 200
 
 
 def nested(depth: int) -> dict[str, Any]:
-    """An object holding an object ... `depth` deep: past what the grammar engine nests."""
+    """An object holding an object ... `depth` deep (two JSON levels each)."""
     schema: dict[str, Any] = {"type": "integer"}
     for _ in range(depth):
         schema = {"type": "object", "properties": {"x": schema}, "required": ["x"]}
@@ -178,7 +178,7 @@ def test_completions_take_response_format_too(client, server):
         ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),
         ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)y"}}}, "look"),
         ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "missing"),
-        (nested(300), "recursion"),
+        (nested(300), "nested deeper than 64 levels"),  # the body's own depth limit, before the grammar engine
     ],
     ids=["unsupported-keyword", "unsupported-regex", "dangling-ref", "beyond-the-nesting-limit"],
 )
@@ -186,7 +186,7 @@ def test_a_schema_the_engine_cannot_compile_is_a_400_saying_why(client, server, 
     fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": schema}}
     for stream in (False, True):
         body = bad_request(chat, client, server, response_format=fmt, max_tokens=8, stream=stream)
-        assert body["param"] == "response_format.json_schema.schema", body
+        assert body["param"].startswith("response_format.json_schema.schema"), body
         assert why in body["message"], body
     assert chat(client, server, max_tokens=2).choices  # still serving
 

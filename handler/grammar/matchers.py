@@ -1,0 +1,80 @@
+"""The process's grammar matchers: llguidance's view of each tokenizer, and the compiled matcher
+of each grammar, shared by the receipt check (handler/grammar/compiler.py) and the slots' masks
+(handler/grammar/masks.py), so a grammar compiled on receipt is only copied in its prefill."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import llguidance
+import llguidance.hf
+
+# llguidance's max_grammar_size. Its matcher asserts fewer than 65,525 grammar symbols and panics
+# past them (seen with 12,000 optional properties); below this limit it answers a plain error.
+DEFAULT_MAX_SYMBOLS = 50_000
+CACHE_SIZE = 64
+ERROR_LIMIT = 300  # characters of a grammar engine's error quoted back to the client
+
+_lock = threading.Lock()
+_views: dict[tuple[int, int | None, tuple[int, ...]], tuple[Any, Any]] = {}
+_compiled: OrderedDict[tuple[int, str], Any] = OrderedDict()
+
+
+def limits(max_symbols: int) -> llguidance.LLParserLimits:
+    # verbose_errors off: an error must not carry the grammar or the parser's state.
+    return llguidance.LLParserLimits(max_grammar_size=max_symbols, verbose_errors=False)
+
+
+def tokenizer_view(tokenizer: Any, vocab_size: int | None, eos_token_ids: Sequence[int]) -> Any:
+    """llguidance's view of a Hugging Face tokenizer (seconds to build at a 128k vocabulary; built
+    once per process); None without a tokenizer. Raises what llguidance raises for one it cannot read."""
+    if tokenizer is None:
+        return None
+    eos = tuple(sorted(eos_token_ids))
+    key = (id(tokenizer), vocab_size, eos)
+    with _lock:
+        entry = _views.get(key)
+    if entry is None:
+        view = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos) or None)
+        with _lock:
+            entry = _views.setdefault(key, (tokenizer, view))  # the tokenizer is kept: its id stays unique
+    return entry[1]
+
+
+def compiled(view: Any, grammar: str, max_symbols: int = DEFAULT_MAX_SYMBOLS) -> Any:
+    """The compiled matcher of `grammar` (copy it before use: it is shared). Raises ValueError with
+    the grammar engine's reason when the grammar does not compile within the limits."""
+    key = (id(view), grammar)
+    with _lock:
+        matcher = _compiled.get(key)
+        if matcher is not None:
+            _compiled.move_to_end(key)
+            return matcher
+    matcher = llguidance.LLMatcher(view, grammar, log_level=0, limits=limits(max_symbols))  # GIL released
+    if matcher.is_error():
+        raise ValueError(error_gist(matcher.get_error()))
+    with _lock:
+        _compiled[key] = matcher
+        while len(_compiled) > CACHE_SIZE:
+            _compiled.popitem(last=False)
+    return matcher
+
+
+def validate(grammar: str, max_symbols: int = DEFAULT_MAX_SYMBOLS) -> str | None:
+    """Why the grammar alone (no tokenizer) cannot be compiled, None when it can."""
+    error = llguidance.LLMatcher.validate_grammar(grammar, limits=limits(max_symbols))
+    return error_gist(error) if error.strip() else None
+
+
+def error_gist(message: str) -> str:
+    """A grammar engine's error as one line for a client: its first line and the `error: ...` line
+    a regex error puts under the quoted pattern (a Lark error goes on to quote the whole grammar);
+    an internal failure (a Rust panic and its backtrace) as what it means, never its text."""
+    if message.lstrip().startswith("panic"):
+        return "the grammar is too large or complex for the grammar engine; simplify the schema"
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    gist = " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error:")])
+    return gist if len(gist) <= ERROR_LIMIT else gist[: ERROR_LIMIT - 1] + "…"
