@@ -27,6 +27,8 @@ TS_ENV := TMPDIR=$(abspath $(BUILD)) TEMP=$(abspath $(BUILD))
 # The serving state dir (handler/serving/state.py): drain and failed-start markers, read by /ping.
 STATE_DIR := $(abspath $(BUILD)/state)
 PROMPT ?= Today the weather is really nice and I am planning on
+# Where scripts/client.py finds the server (and renews an expired key: serving/local.properties).
+CLIENT_ARGS = --url http://$(HOST):$(INFERENCE_PORT) --management-url http://$(HOST):$(MANAGEMENT_PORT) --model $(MODEL_NAME)
 PYTEST_ARGS ?=
 
 .PHONY: venv model archive serve stop demo test lint clean
@@ -75,7 +77,7 @@ serve: archive plugins
 	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 INF2_STATE_DIR=$(STATE_DIR) $(TS_ENV) $(BIN)/torchserve --start --ncs \
 		--ts-config $(TS_CONFIG) --log-config serving/log4j2.xml --model-store $(MODEL_STORE) --models $(MODEL_NAME)=$(MODEL_NAME) \
 		> logs/torchserve.out 2>&1
-	@$(PY) scripts/client.py --url http://$(HOST):$(INFERENCE_PORT) --model $(MODEL_NAME) wait --timeout 600 \
+	@$(PY) scripts/client.py $(CLIENT_ARGS) wait --timeout 600 \
 		--log logs/ts_log.log --pid-file $(BUILD)/.model_server.pid \
 		|| (tail -n 20 logs/ts_log.log; echo; $(PY) scripts/client.py worker-error --model-log logs/model_log.log; \
 			$(MAKE) --no-print-directory stop; exit 1)
@@ -95,8 +97,7 @@ stop:
 		--state-dir $(abspath $(BUILD)/state) --grace $(DRAIN_GRACE_S) --torchserve $(BIN)/torchserve
 
 demo: venv
-	$(PY) scripts/client.py --url http://$(HOST):$(INFERENCE_PORT) --model $(MODEL_NAME) \
-		generate "$(PROMPT)" --max-new-tokens 64
+	$(PY) scripts/client.py $(CLIENT_ARGS) generate "$(PROMPT)" --max-new-tokens 64
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)

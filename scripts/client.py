@@ -5,7 +5,7 @@ key_file.json TorchServe writes into the directory it was started from.
 
     python scripts/client.py generate "Today the weather is" --max-new-tokens 64
     python scripts/client.py wait --timeout 120
-    python scripts/client.py token          # prints the inference key (for curl)
+    python scripts/client.py token          # prints the inference key (for curl), renewed when expired
     python scripts/client.py worker-error   # why the worker failed, from logs/model_log.log
     python scripts/client.py ping           # readiness with the key: exit 0 on 200 (an exec probe)
 """
@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -24,16 +26,51 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.worker_log import failure_cause
 
+DEFAULT_MANAGEMENT_URL = "http://127.0.0.1:8081"
+# A key this close to its expiry is renewed first: a command that reads it must still find it valid.
+RENEW_BEFORE_S = 60.0
 
-def inference_key(key_file: Path) -> str | None:
-    """The inference key, or None when TorchServe runs with token auth disabled."""
+
+def inference_key(key_file: Path, management_url: str | None = DEFAULT_MANAGEMENT_URL) -> str | None:
+    """The inference key, or None when TorchServe runs with token auth disabled. A key that expired
+    (TorchServe's `token_expiration_min`, 60 by default) or is about to is renewed first through
+    TorchServe's token API, with the key file's API key (which does not expire); TorchServe then
+    rewrites the key file. `management_url` None: read the file only."""
     if not key_file.exists():
         return None
-    return json.loads(key_file.read_text())["inference"]["key"]
+    keys = json.loads(key_file.read_text())
+    if management_url is not None and _expires_within(keys["inference"].get("expiration time"), RENEW_BEFORE_S):
+        renew_inference_key(management_url, keys["API"]["key"])
+        keys = json.loads(key_file.read_text())
+    return keys["inference"]["key"]
 
 
-def auth_headers(key_file: Path) -> dict[str, str]:
-    key = inference_key(key_file)
+def renew_inference_key(management_url: str, api_key: str) -> None:
+    """`GET <management>/token?type=inference` with the API key: TorchServe replaces the inference
+    key in key_file.json with a new one and a new expiry."""
+    response = httpx.get(
+        f"{management_url}/token", params={"type": "inference"}, headers={"Authorization": f"Bearer {api_key}"}
+    )
+    if response.status_code != 200:
+        raise SystemExit(f"renewing the inference key failed: HTTP {response.status_code}: {response.text.strip()}")
+
+
+def _expires_within(stamp: str | None, seconds: float) -> bool:
+    """Whether TorchServe's `expiration time` (an ISO instant such as 2024-02-16T21:12:24.801148Z) is
+    less than `seconds` away. Python 3.10's fromisoformat takes neither `Z` nor 9 fraction digits."""
+    if not stamp:
+        return False
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z?", stamp.strip())
+    if match is None:
+        return False
+    moment = datetime.fromisoformat(match.group(1)).replace(tzinfo=timezone.utc)
+    fraction = float(f"0.{match.group(2)}") if match.group(2) else 0.0
+    left = moment.timestamp() + fraction - time.time()
+    return left < seconds
+
+
+def auth_headers(key_file: Path, management_url: str | None = DEFAULT_MANAGEMENT_URL) -> dict[str, str]:
+    key = inference_key(key_file, management_url)
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
@@ -49,7 +86,12 @@ def stream_generate(url: str, body: dict, headers: dict[str, str], timeout: floa
 
 
 def wait_ready(
-    url: str, key_file: Path, timeout: float, log: Path | None = None, pid_file: Path | None = None
+    url: str,
+    key_file: Path,
+    timeout: float,
+    log: Path | None = None,
+    pid_file: Path | None = None,
+    management_url: str | None = DEFAULT_MANAGEMENT_URL,
 ) -> float:
     """Poll with a one-token request until the model answers 200; return seconds waited.
 
@@ -62,7 +104,7 @@ def wait_ready(
     last = "no answer yet"
     while time.monotonic() - started < timeout:
         try:
-            response = httpx.post(url, json=body, headers=auth_headers(key_file), timeout=10)
+            response = httpx.post(url, json=body, headers=auth_headers(key_file, management_url), timeout=10)
             if response.status_code == 200:
                 return time.monotonic() - started
             last = f"HTTP {response.status_code}: {response.text[:200]}"
@@ -105,6 +147,9 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--model", default="llama")
     parser.add_argument("--key-file", type=Path, default=Path("key_file.json"))
+    parser.add_argument(
+        "--management-url", default=DEFAULT_MANAGEMENT_URL, help="where an expired inference key is renewed"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="stream a completion and print it as it arrives")
     gen.add_argument("prompt")
@@ -116,7 +161,7 @@ def main() -> None:
     wait.add_argument("--timeout", type=float, default=300)
     wait.add_argument("--log", type=Path, help="TorchServe log to watch for load failures")
     wait.add_argument("--pid-file", type=Path, help="TorchServe's pid file: stop waiting when it is gone")
-    sub.add_parser("token", help="print the inference key")
+    sub.add_parser("token", help="print the inference key (renewed first when it expired or is about to)")
     sub.add_parser("ping", help="GET /ping with the inference key (read now); exit 0 only on 200")
     error = sub.add_parser("worker-error", help="print why the worker failed (the last traceback in the model log)")
     error.add_argument("--model-log", type=Path, default=Path("logs/model_log.log"))
@@ -124,10 +169,12 @@ def main() -> None:
 
     url = f"{args.url}/predictions/{args.model}"
     if args.command == "token":
-        print(inference_key(args.key_file) or "")
+        print(inference_key(args.key_file, args.management_url) or "")
     elif args.command == "ping":
         try:
-            response = httpx.get(f"{args.url}/ping", headers=auth_headers(args.key_file), timeout=5)
+            response = httpx.get(
+                f"{args.url}/ping", headers=auth_headers(args.key_file, args.management_url), timeout=5
+            )
         except httpx.HTTPError as exc:
             raise SystemExit(f"/ping: {exc!r}") from None
         print(response.status_code, response.text.strip())
@@ -136,7 +183,7 @@ def main() -> None:
         cause = failure_cause(args.model_log)
         print(f"Cause, from {args.model_log}:\n{cause}" if cause else f"{args.model_log}: no error logged")
     elif args.command == "wait":
-        waited = wait_ready(url, args.key_file, args.timeout, args.log, args.pid_file)
+        waited = wait_ready(url, args.key_file, args.timeout, args.log, args.pid_file, args.management_url)
         print(f"model {args.model} answered after {waited:.1f} s")
     else:
         body = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens}
@@ -149,7 +196,7 @@ def main() -> None:
         started = time.monotonic()
         first_chunk_at = None
         sys.stdout.write(args.prompt)
-        for chunk in stream_generate(url, body, auth_headers(args.key_file)):
+        for chunk in stream_generate(url, body, auth_headers(args.key_file, args.management_url)):
             first_chunk_at = first_chunk_at or time.monotonic() - started
             sys.stdout.write(chunk.get("text", ""))
             sys.stdout.flush()

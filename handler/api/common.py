@@ -40,6 +40,7 @@ def decode_body(body: Any, max_depth: int = 64) -> dict[str, Any] | str:
         except UnicodeDecodeError as exc:
             raise InvalidRequest(f"request body is not valid UTF-8 (byte {exc.start})", "body") from None
     if isinstance(body, str):
+        body = body.removeprefix("\ufeff")  # a UTF-8 byte order mark some clients write before JSON
         stripped = body.lstrip()
         if not stripped.startswith(("{", "[")):
             check_json_tree(body, max_depth)

@@ -51,7 +51,7 @@ from handler.replicas.model import ReplicatedModel
 from handler.replicas.replica_set import Health, ReplicaSet, ReplicaStartError
 from handler.serving import drain
 from handler.serving.init_failure import FailedServing
-from handler.serving.replies import AnsweredInFull, error_reply, set_content_type
+from handler.serving.replies import AnsweredInFull, error_reply, set_content_type, wire_error
 from handler.serving.service import GenerationService, Work
 from handler.serving.state import clear_replica_health, state_dir, write_replica_health
 from handler.serving.ts_compat import ONE_SHOT_REPLIES
@@ -282,13 +282,14 @@ class ContinuousServing:
         sequence = update.sequence
         set_content_type(context, index, work.api.content_type(sequence.request))
         if sequence.error is not None:
+            error = wire_error(work.api, sequence.error)
             if not sequence.request.stream:
-                return self._error_reply(tracked, sequence.error, context)
+                return self._error_reply(tracked, error, context)
             prefix = work.api.chunk(sequence, update.text) if update.text else ""
             if tracked.opened or prefix:
-                logger.info("request %s failed mid-stream: %s", work.request_id, sequence.error.message)
-                return _Reply(prefix + work.api.error(sequence.error, midstream=True), end=True)
-            return self._error_reply(tracked, sequence.error, context)
+                logger.info("request %s failed mid-stream: %s", work.request_id, error.message)
+                return _Reply(prefix + work.api.error(error, midstream=True), end=True)
+            return self._error_reply(tracked, error, context)
         if not sequence.request.stream:
             if not update.ended:
                 return None  # one body, when it is whole
@@ -319,10 +320,11 @@ class ContinuousServing:
         if failed is not None:
             for sequence_id in tracked.sequence_ids:
                 self.engine.abort(sequence_id)
+            error = wire_error(work.api, failed.error)
             if stream and (tracked.opened or body):
-                logger.info("request %s failed mid-stream: %s", work.request_id, failed.error.message)
-                return _Reply(body + work.api.error(failed.error, midstream=True), end=True)
-            return self._error_reply(tracked, failed.error, context)
+                logger.info("request %s failed mid-stream: %s", work.request_id, error.message)
+                return _Reply(body + work.api.error(error, midstream=True), end=True)
+            return self._error_reply(tracked, error, context)
         tracked.ended.update(u.sequence.choice_index for u in news if u.ended)
         if len(tracked.ended) == len(work.sequences):
             for sequence in work.sequences:

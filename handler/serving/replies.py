@@ -27,6 +27,16 @@ def encodable(replies: list[Any]) -> list[Any]:
     return [printable(r) if isinstance(r, str) and not r.isascii() else r for r in replies]
 
 
+def wire_error(api: Api, error: ServingError) -> ServingError:
+    """An error the engine raised for a sequence, its `param` in the route's words: the engine names
+    request fields by their domain names (`constraint`), a client knows them by the wire's
+    (`response_format.json_schema.schema`, `tools`, `parameters.grammar`)."""
+    if error.param is None:
+        return error
+    wired = api.wire_name(error.param)
+    return error if wired == error.param else type(error)(error.message, wired)
+
+
 STREAMED_TYPES = ("text/event-stream", "application/x-ndjson")
 # A proxy must pass every chunk on as it comes: nginx buffers a response unless told not to
 # (X-Accel-Buffering), and no cache may hold a stream back (Cache-Control).

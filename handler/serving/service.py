@@ -223,6 +223,12 @@ class GenerationService:
                 raise ServiceUnavailable("too many constraints are being compiled; retry shortly", param)
         if request.n > 1 and self.config.scheduler.mode != "continuous":
             raise InvalidRequest("n > 1 needs scheduler.mode continuous; send n separate requests", api.wire_name("n"))
+        if request.n > self.backend.n_slots:  # its outputs would run in rounds, and hold every slot meanwhile
+            raise InvalidRequest(
+                f"n is {request.n}; this model serves at most {self.backend.n_slots} outputs of one request at once "
+                "(its slots)",
+                api.wire_name("n"),
+            )
 
     def _checked_token_ids(self, token_ids: tuple[int, ...]) -> list[int]:
         """A prompt given as token ids, used as is: no re-tokenizing, no special tokens added."""

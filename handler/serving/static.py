@@ -25,7 +25,7 @@ from handler.engine.micro_batch import MicroBatchEngine
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, ServingError
 from handler.serving import drain
-from handler.serving.replies import encodable, error_reply, set_content_type
+from handler.serving.replies import encodable, error_reply, set_content_type, wire_error
 from handler.serving.service import GenerationService, Work
 
 logger = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class StaticServing:
             context.set_response_content_type(work.index, "application/json")
             return work.reply
         sequence = work.sequence
-        error = work.error or (sequence.error if sequence else None)
+        error = work.error or (wire_error(work.api, sequence.error) if sequence and sequence.error else None)
         if error is not None:
             logger.info("request %s failed: %s %s", work.request_id, error.status, error.message)
             if work.chunks_sent:  # status 200 is already on the wire: report in-band

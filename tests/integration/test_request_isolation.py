@@ -131,3 +131,9 @@ def test_a_constraint_compiled_on_receipt_is_only_copied_in_its_prefill(frontend
     (reply,) = frontend.serve([body], [CHAT])
     assert reply.status == 200, reply.body
     assert built_on == ["grammar-compile_0"]  # built once, on the pool; the step copied it
+
+
+def test_n_beyond_the_slots_is_a_400_naming_n(frontend):
+    (reply,) = frontend.serve([{"model": "m", "prompt": "hi", "n": 5, "max_tokens": 2}], [COMPLETIONS])
+    error = error_of(reply)
+    assert error["param"] == "n" and "at most 4 outputs" in error["message"]

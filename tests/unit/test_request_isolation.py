@@ -97,3 +97,9 @@ def test_stop_strings_are_bounded_in_count_and_total_length():
     assert excinfo.value.param == "stop"
     with pytest.raises(InvalidRequest, match="at most 16 stop strings"):
         stop_strings(["s"] * 17, LIMITS)
+
+
+def test_a_byte_order_mark_before_json_is_skipped():
+    body = {"prompt": "hi", "max_new_tokens": 3, "stream": False}
+    assert decode_body(b"\xef\xbb\xbf" + json.dumps(body).encode()) == body
+    assert decode_body("\ufeff" + json.dumps(body)) == body
