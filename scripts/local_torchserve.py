@@ -70,6 +70,7 @@ class TorchServe:
     management_port: int
     metrics_port: int
     env: dict[str, str] = field(default_factory=dict)
+    grpc_inference_port: int = 0  # gRPC cannot be switched off: it listens here (127.0.0.1)
 
     @property
     def url(self) -> str:
@@ -189,14 +190,14 @@ def start_torchserve(
     env = {STATE_DIR_ENV: str(workdir / "state"), **(env or {})}
     shutil.rmtree(env[STATE_DIR_ENV], ignore_errors=True)
     Path(env[STATE_DIR_ENV]).mkdir(parents=True)
-    server = TorchServe(workdir, model_name, free_port(), free_port(), free_port(), env)
+    server = TorchServe(workdir, model_name, free_port(), free_port(), free_port(), env, free_port())
     properties = {
         **local_properties(),
         "inference_address": f"http://127.0.0.1:{server.inference_port}",
         "management_address": f"http://127.0.0.1:{server.management_port}",
         "metrics_address": f"http://127.0.0.1:{server.metrics_port}",
         # gRPC cannot be switched off; its fixed default ports (7070/7071) would collide.
-        "grpc_inference_port": str(free_port()),
+        "grpc_inference_port": str(server.grpc_inference_port),
         "grpc_management_port": str(free_port()),
         "model_store": str(store),
         "load_models": model_name,

@@ -50,6 +50,7 @@ from handler.errors import EngineError, ServingError
 from handler.replicas.model import ReplicatedModel
 from handler.replicas.replica_set import Health, ReplicaSet, ReplicaStartError
 from handler.serving import drain
+from handler.serving.grpc_jobs import end_grpc_reply
 from handler.serving.init_failure import FailedServing
 from handler.serving.replies import AnsweredInFull, error_reply, set_content_type, wire_error
 from handler.serving.service import GenerationService, Work
@@ -204,8 +205,11 @@ class ContinuousServing:
             reply = planned.get(index)
             if reply is not None and reply.plain_error:
                 replies[index] = reply.body
-                self._tracked.pop(request_id, None)
-                self._answered.add(request_id)
+                tracked = self._tracked.pop(request_id, None)
+                if tracked is not None and tracked.work.grpc:
+                    end_grpc_reply(context, index)  # the frontend ends the job: no re-send to answer
+                else:
+                    self._answered.add(request_id)
                 continue
             del context.request_ids[index]
             if reply is not None and request_id in self._tracked:
@@ -347,6 +351,9 @@ class ContinuousServing:
         tracked = self._tracked.get(request_id)
         if tracked is None:  # 0.11: a job answered in full, re-sent
             self._answered.end(request_id)
+            return True
+        if tracked.work.grpc:  # one reply, marked as the last (handler/serving/grpc_jobs.py)
+            self._tracked.pop(request_id, None)
             return True
         if not reply.end:
             tracked.opened = True

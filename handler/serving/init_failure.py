@@ -31,6 +31,7 @@ from handler.api import Api, route_path, select_api
 from handler.api.common import decode_body
 from handler.api.native import NativeApi
 from handler.errors import ModelLoadFailed, to_http
+from handler.serving.grpc_jobs import end_grpc_reply, is_grpc
 from handler.serving.replies import AnsweredInFull, error_reply
 from handler.serving.state import failed_marker, state_dir
 from handler.serving.ts_compat import ONE_SHOT_REPLIES
@@ -152,6 +153,8 @@ class FailedServing:
     def _error(self, index: int, row: Any, context: Any) -> str:
         retry_after = max(1, round(self.restart_at - time.monotonic()))
         context.set_response_header(index, "Retry-After", str(retry_after))
+        if is_grpc(context, index, row):
+            end_grpc_reply(context, index)
         return error_reply(context, index, self._api(index, row, context), self.error)
 
     @staticmethod

@@ -26,6 +26,7 @@ from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, Serv
 from handler.grammar.compiler import ConstraintCompiler, PendingConstraint
 from handler.replicas.model import ReplicatedModel, start_replicas
 from handler.request import GenerationRequest, Limits
+from handler.serving.grpc_jobs import is_grpc
 from handler.serving.metrics import TokenMetrics, arrival_time
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class Work:
     arrived_at: float = 0.0  # perf_counter clock; see handler/serving/metrics.py
     reply: str | None = None  # a route answered without generating (e.g. v1/models)
     compiling: PendingConstraint | None = None  # its constraint is being compiled: not submitted yet
+    grpc: bool = False  # came through TorchServe's gRPC API: answered whole, in one reply (serving/grpc_jobs.py)
 
     @property
     def sequence(self) -> Sequence | None:
@@ -111,6 +113,7 @@ class GenerationService:
         once, here. `refusal` (the drain's 503) answers the request in its route's own format."""
         work = Work(index, context.get_request_id(index) or str(index), NativeApi())
         work.arrived_at = arrival_time(context, index)
+        work.grpc = is_grpc(context, index, row)
         try:
             url_path = context.get_request_header(index, "url_path")
             depth = self.limits.max_json_depth
@@ -124,6 +127,8 @@ class GenerationService:
                 return work
             body = decode_body(body_of(row), depth) if body is None else body
             request = work.api.parse(body, self.limits, self.backend.tokenizer)
+            if work.grpc and request.stream:  # the frontend would drop it after its first chunk
+                request = dataclasses.replace(request, stream=False)
             self._check_logprobs(request, work.api)
             self._check_sampling(request, work.api)
             self._check_output_rules(request, work.api)

@@ -25,6 +25,7 @@ from handler.engine.micro_batch import MicroBatchEngine
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, ServingError
 from handler.serving import drain
+from handler.serving.grpc_jobs import end_grpc_reply
 from handler.serving.replies import encodable, error_reply, set_content_type, wire_error
 from handler.serving.service import GenerationService, Work
 
@@ -112,6 +113,8 @@ class StaticServing:
         return [self._finish_one(w, self.context) for w in work]
 
     def _finish_one(self, work: Work, context: Any) -> str:
+        if work.grpc:  # one reply, the last (handler/serving/grpc_jobs.py)
+            end_grpc_reply(context, work.index)
         if work.reply is not None:
             context.set_response_content_type(work.index, "application/json")
             return work.reply
