@@ -107,3 +107,6 @@ class TokenChoice:
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
     prompt: tuple[PromptTokenLogprob, ...] = ()
+    # The slot's constraint could not be followed past this step (the grammar engine gave up): the
+    # token is EOS and the request ends with this reason as its error, never as a normal stop.
+    constraint_failure: str | None = None

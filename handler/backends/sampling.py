@@ -31,6 +31,7 @@ are: no copy.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Sequence
@@ -280,13 +281,17 @@ class BatchSampler:
         for slot, state, token in zip(slots, states, tokens, strict=True):
             if state.penalty != 1.0:
                 self._remember(slot, state, token)
+        failed = self._shaper.constraint_failures(slots, constrained) if constrained else {}
         if shaped:
             self._shaper.after(slots, shaped, constrained, tokens)
         self.last_s = time.perf_counter() - started
-        return [
+        choices = [
             TokenChoice(token) if lp is None else TokenChoice(token, lp[0], lp[1])
             for token, lp in zip(tokens, logprobs, strict=True)
         ]
+        for i, reason in failed.items():
+            choices[i] = dataclasses.replace(choices[i], constraint_failure=reason)
+        return choices
 
     def _rows(self, scores: torch.Tensor, rows: list[int], name: str) -> torch.Tensor:
         """The given rows of `scores`: the tensor itself when it is all of them, else a copy in

@@ -220,6 +220,11 @@ class OutputShaper:
             scores[index] = logits[index, :vocab].float() if fill == "logits" else 0.0
             masks.mask(scores, rows, [slots[i] for i in rows])
 
+    def constraint_failures(self, slots: Sequence[int], constrained: list[int]) -> dict[int, str]:
+        """The rows (of `constrained`) whose grammar the engine gave up on in this step, and why."""
+        failures = self._masks.failures if self._masks is not None else {}
+        return {i: failures[slots[i]] for i in constrained if slots[i] in failures} if failures else {}
+
     def after(self, slots: Sequence[int], rows: list[int], constrained: list[int], tokens: list[int]) -> None:
         """The shaped rows' bookkeeping once their tokens are chosen: the grammars advance, the
         output tokens are counted, a slot past min_tokens may leave the shaped rows."""

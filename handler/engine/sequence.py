@@ -10,7 +10,7 @@ from typing import Any
 from handler.backends.base import SlotRequest
 from handler.engine.detokenizer import IncrementalDetokenizer
 from handler.engine.stops import StopStringMatcher
-from handler.errors import ServingError
+from handler.errors import InvalidRequest, ServingError
 from handler.request import GenerationRequest, PromptTokenLogprob, TokenChoice
 
 
@@ -104,6 +104,11 @@ class Sequence:
             self.prompt_logprobs = choice.prompt
         if self.request.logprobs is not None:
             self.choices.append(choice)
+        if choice.constraint_failure is not None:  # the output so far does not satisfy the constraint
+            self.fail(
+                InvalidRequest(f"the constraint could not be followed: {choice.constraint_failure}", "constraint")
+            )
+            return ""
         return self.append(choice.token_id)
 
     def append(self, token_id: int) -> str:

@@ -92,8 +92,7 @@ class ConstraintCompiler:
             view = matchers.tokenizer_view(self._tokenizer, vocab, self._eos)
             if view is None:  # no tokenizer the grammar engine can read: check the grammar alone
                 return matchers.validate(grammar, self.max_symbols)
-            matchers.compiled(view, grammar, self.max_symbols)
-            return None
+            return matchers.probe(matchers.compiled(view, grammar, self.max_symbols), self._eos)
         except ValueError as exc:
             return matchers.error_gist(str(exc))
         except Exception as exc:  # a bug of ours or the engine's: this request's 400, the worker goes on

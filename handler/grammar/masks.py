@@ -62,6 +62,8 @@ class GrammarMasks:
         self.vocab_size = vocab_size
         self._eos = sorted(eos_token_ids)
         self._matchers: dict[int, Any] = {}
+        # Slots whose matcher failed in a step (why, one line): their output ends with that error.
+        self.failures: dict[int, str] = {}
         self._tokenizer: Any = None
         self._executor: Any = None
         self._bitmask = torch.empty(0, dtype=torch.int32)
@@ -77,9 +79,11 @@ class GrammarMasks:
         self.prepare()
         compiled = matchers.compiled(self._tokenizer, llguidance_grammar(constraint))
         self._matchers[slot] = compiled.deep_copy()
+        self.failures.pop(slot, None)
 
     def remove(self, slot: int) -> None:
         self._matchers.pop(slot, None)
+        self.failures.pop(slot, None)
 
     def mask(self, scores: torch.Tensor, rows: Sequence[int], slots: Sequence[int]) -> None:
         """In place: the given rows of `scores` keep only the tokens their slot's grammar allows."""
@@ -90,8 +94,11 @@ class GrammarMasks:
         pairs = [(self._matchers[slot], i) for i, slot in enumerate(slots)]
         llguidance.torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
         for i, slot in enumerate(slots):
-            if self._matchers[slot].is_error():  # a matcher that lost its way ends the output
-                logger.error("slot %d: grammar matcher error: %s", slot, self._matchers[slot].get_error())
+            if self._matchers[slot].is_error():  # a matcher that lost its way ends the output, as a failure
+                reason = matchers.error_gist(self._matchers[slot].get_error())
+                if slot not in self.failures:
+                    logger.warning("slot %d: the grammar engine gave up: %s", slot, reason)
+                self.failures[slot] = reason
                 self._eos_only(bitmask[i])
         apply_bitmask(scores, bitmask, None if len(rows) == scores.shape[0] else rows)
 

@@ -11,11 +11,13 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
+import numpy as np
 
 # llguidance's max_grammar_size. Its matcher asserts fewer than 65,525 grammar symbols and panics
 # past them (seen with 12,000 optional properties); below this limit it answers a plain error.
 DEFAULT_MAX_SYMBOLS = 50_000
 CACHE_SIZE = 64
+PROBE_STEPS = 16  # tokens of a constraint walked on receipt (handler/grammar/compiler.py)
 ERROR_LIMIT = 300  # characters of a grammar engine's error quoted back to the client
 
 _lock = threading.Lock()
@@ -61,6 +63,29 @@ def compiled(view: Any, grammar: str, max_symbols: int = DEFAULT_MAX_SYMBOLS) ->
         while len(_compiled) > CACHE_SIZE:
             _compiled.popitem(last=False)
     return matcher
+
+
+def probe(compiled_matcher: Any, eos_token_ids: Sequence[int], steps: int = PROBE_STEPS) -> str | None:
+    """Why the grammar cannot be followed to the end, found by walking its first `steps` tokens
+    (always the lowest allowed token that is not EOS), or None. Catches schemas that refer to
+    themselves with no way to stop (`{"$ref": "#"}`, a `$defs` cycle, a required property that is
+    the root again): llguidance compiles them, then gives up at the first tokens of any output."""
+    matcher = compiled_matcher.deep_copy()
+    eos = np.asarray(sorted(eos_token_ids), dtype=np.int64)
+    for _ in range(steps):
+        bitmask = matcher.compute_bitmask()
+        if matcher.is_error():
+            return "the schema cannot be followed to the end (does it refer to itself with no way to stop?): " + (
+                error_gist(matcher.get_error())
+            )
+        if matcher.is_stopped():
+            return None
+        allowed = np.flatnonzero(np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), bitorder="little"))
+        progress = allowed[~np.isin(allowed, eos)]
+        if not len(progress):
+            return None  # only EOS is left: the output is complete
+        matcher.consume_token(int(progress[0]))
+    return None
 
 
 def validate(grammar: str, max_symbols: int = DEFAULT_MAX_SYMBOLS) -> str | None:

@@ -137,3 +137,48 @@ def test_n_beyond_the_slots_is_a_400_naming_n(frontend):
     (reply,) = frontend.serve([{"model": "m", "prompt": "hi", "n": 5, "max_tokens": 2}], [COMPLETIONS])
     error = error_of(reply)
     assert error["param"] == "n" and "at most 4 outputs" in error["message"]
+
+
+def json_schema_chat(schema: dict, max_tokens: int = 60) -> dict:
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "a tree"}],
+        "max_tokens": max_tokens,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+    }
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"anyOf": [{"$ref": "#"}]},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]},
+    ],
+    ids=["root", "any-of-root", "defs-cycle", "required-root"],
+)
+def test_a_schema_with_no_finite_document_is_refused_on_receipt(frontend, schema):
+    (reply,) = frontend.serve([json_schema_chat(schema)], [CHAT])
+    error = error_of(reply)
+    assert error["param"] == "response_format.json_schema.schema"
+    assert "cannot be followed to the end" in error["message"]
+
+
+def test_a_recursive_schema_that_can_stop_is_served_and_validates(frontend):
+    tree = {
+        "type": "object",
+        "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
+        "required": ["v"],
+        "additionalProperties": False,
+    }
+    (reply,) = frontend.serve([json_schema_chat(tree, max_tokens=100)], [CHAT])
+    assert reply.status == 200, reply.body
+    choice = json.loads(reply.body)["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    node = json.loads(choice["message"]["content"])
+    while True:  # every node has an integer v and at most one kid, as the schema says
+        assert isinstance(node["v"], int) and set(node) <= {"v", "kids"}
+        if not node.get("kids"):
+            break
+        (node,) = node["kids"]

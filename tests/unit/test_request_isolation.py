@@ -103,3 +103,15 @@ def test_a_byte_order_mark_before_json_is_skipped():
     body = {"prompt": "hi", "max_new_tokens": 3, "stream": False}
     assert decode_body(b"\xef\xbb\xbf" + json.dumps(body).encode()) == body
     assert decode_body("\ufeff" + json.dumps(body)) == body
+
+
+def test_a_constraint_failure_ends_the_sequence_with_an_error_not_a_stop(tiny_tokenizer):
+    from handler.engine.sequence import Sequence, State
+    from handler.request import Constraint, GenerationRequest, TokenChoice
+
+    request = GenerationRequest("hi", 8, constraint=Constraint("regex", "[0-9]+"))
+    sequence = Sequence(request, [1, 2], tiny_tokenizer, {tiny_tokenizer.eos_token_id}, "r")
+    assert sequence.take(TokenChoice(tiny_tokenizer.eos_token_id, constraint_failure="parser gave up")) == ""
+    assert sequence.state is State.FAILED
+    assert sequence.error.status == 400 and sequence.error.param == "constraint"
+    assert "parser gave up" in sequence.error.message

@@ -517,3 +517,19 @@ def test_the_hf_backend_serves_a_json_schema_with_the_tiny_random_model(tiny_mod
     assert set(document) == set(SCHEMA["required"])
     with pytest.raises(json.JSONDecodeError):
         json.loads(backend.tokenizer.decode(out[1]))
+
+
+def test_a_grammar_the_engine_gives_up_on_mid_output_fails_that_row_alone(grammar_sampler, tiny_tokenizer) -> None:
+    """The matcher errs in a step (here: it is handed a token its grammar forbids, as a parser that
+    runs out of its limits does by itself): that row's choice is EOS and carries the reason; its
+    batch-mate is untouched; the reason is one line, never the grammar or a state dump."""
+    vocab = len(tiny_tokenizer)
+    digits = Constraint("regex", "[0-9]+")
+    grammar_sampler.add(slot(0, constraint=digits))
+    grammar_sampler.add(slot(1, constraint=digits))
+    forbidden = tiny_tokenizer.convert_tokens_to_ids("a")
+    grammar_sampler._shaper._masks._matchers[0].consume_token(forbidden)
+    first, second = grammar_sampler.sample([0, 1], torch.randn(2, vocab))
+    assert first.token_id == tiny_tokenizer.eos_token_id and first.constraint_failure
+    assert "\n" not in first.constraint_failure and "[0-9]" not in first.constraint_failure
+    assert second.constraint_failure is None and tiny_tokenizer.decode([second.token_id]).isdigit()
