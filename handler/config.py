@@ -104,6 +104,13 @@ class GrammarConfig(_Section):
     compile_timeout_s: float = Field(
         default=10.0, gt=0, le=600, description="a constraint not compiled by then is that request's 400"
     )
+    cache_mb: int = Field(
+        default=256,
+        ge=1,
+        le=65_536,
+        description="what constraints leave cached (grammar texts, compiled matchers), in MiB for the whole "
+        "worker: its replica processes share it",
+    )
     max_symbols: int = Field(
         default=50_000,
         ge=1_000,
@@ -202,6 +209,14 @@ class ServingConfig(BaseModel):
     scheduler: SchedulerConfig = SchedulerConfig()
     batch_size: int
     job_queue_size: int | None = None  # TorchServe's jobQueueSize; None: the frontend's job_queue_size (100)
+
+    @property
+    def grammar_cache_bytes(self) -> int:
+        """Each process's share of `handler.grammar.cache_mb`: with replicas, the worker (receipt
+        checks) and each replica process (its slots' matchers) hold a cache of their own."""
+        replicas = self.scheduler.replicas
+        processes = replicas + 1 if replicas > 1 else 1
+        return self.handler.grammar.cache_mb * 2**20 // processes
 
     @classmethod
     def from_model_yaml(cls, raw: dict[str, Any] | None) -> ServingConfig:

@@ -7,7 +7,6 @@ valid document. A schema's own `x-guidance` options still override this.
 
 from __future__ import annotations
 
-import functools
 import json
 
 import llguidance
@@ -19,10 +18,19 @@ COMPACT_JSON: llguidance.JsonCompileOptions = {"whitespace_flexible": False}
 ANY_JSON_OBJECT = {"type": "object"}
 
 
-@functools.lru_cache(maxsize=256)
 def llguidance_grammar(constraint: Constraint) -> str:
-    """The grammar text llguidance's matcher takes (cached: the receipt check and the slot's
-    matcher both need it). Raises ValueError for a schema that is not a JSON object."""
+    """The grammar text llguidance's matcher takes (cached within the process's byte budget: the
+    receipt check and the slot's matcher both need it). Raises ValueError for a schema that is not
+    a JSON object."""
+    key = ("grammar", constraint)
+    grammar = matchers.cache.get(key)
+    if grammar is None:
+        grammar = _grammar_text(constraint)
+        matchers.cache.put(key, grammar, len(constraint.value) + len(grammar))
+    return grammar
+
+
+def _grammar_text(constraint: Constraint) -> str:
     matcher = llguidance.LLMatcher
     if constraint.kind == "json_object":
         return matcher.grammar_from_json_schema(ANY_JSON_OBJECT, defaults=COMPACT_JSON)

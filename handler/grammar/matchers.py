@@ -5,7 +5,6 @@ of each grammar, shared by the receipt check (handler/grammar/compiler.py) and t
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,16 +12,29 @@ import llguidance
 import llguidance.hf
 import numpy as np
 
+from handler.grammar.byte_lru import ByteLRU
+
 # llguidance's max_grammar_size. Its matcher asserts fewer than 65,525 grammar symbols and panics
 # past them (seen with 12,000 optional properties); below this limit it answers a plain error.
 DEFAULT_MAX_SYMBOLS = 50_000
-CACHE_SIZE = 64
+DEFAULT_CACHE_BYTES = 256 * 2**20
+# What a compiled matcher holds, per character of its grammar: measured 14-20 bytes (RSS) for
+# 1 MB enum schemas with the tiny tokenizer; the lexer grows with the vocabulary, so this is an
+# estimate, stated as one (docs/operations.md).
+MATCHER_BYTES_PER_GRAMMAR_CHAR = 16
+MATCHER_BASE_BYTES = 64 * 1024
 PROBE_STEPS = 16  # tokens of a constraint walked on receipt (handler/grammar/compiler.py)
 ERROR_LIMIT = 300  # characters of a grammar engine's error quoted back to the client
 
 _lock = threading.Lock()
 _views: dict[tuple[int, int | None, tuple[int, ...]], tuple[Any, Any]] = {}
-_compiled: OrderedDict[tuple[int, str], Any] = OrderedDict()
+# Grammar texts (handler/grammar/grammars.py) and compiled matchers, in one budget per process.
+cache = ByteLRU(DEFAULT_CACHE_BYTES)
+
+
+def configure(cache_bytes: int) -> None:
+    """The process's budget for what requests' constraints leave cached (`handler.grammar.cache_mb`)."""
+    cache.resize(cache_bytes)
 
 
 def limits(max_symbols: int) -> llguidance.LLParserLimits:
@@ -49,19 +61,14 @@ def tokenizer_view(tokenizer: Any, vocab_size: int | None, eos_token_ids: Sequen
 def compiled(view: Any, grammar: str, max_symbols: int = DEFAULT_MAX_SYMBOLS) -> Any:
     """The compiled matcher of `grammar` (copy it before use: it is shared). Raises ValueError with
     the grammar engine's reason when the grammar does not compile within the limits."""
-    key = (id(view), grammar)
-    with _lock:
-        matcher = _compiled.get(key)
-        if matcher is not None:
-            _compiled.move_to_end(key)
-            return matcher
+    key = ("matcher", id(view), grammar)
+    matcher = cache.get(key)
+    if matcher is not None:
+        return matcher
     matcher = llguidance.LLMatcher(view, grammar, log_level=0, limits=limits(max_symbols))  # GIL released
     if matcher.is_error():
         raise ValueError(error_gist(matcher.get_error()))
-    with _lock:
-        _compiled[key] = matcher
-        while len(_compiled) > CACHE_SIZE:
-            _compiled.popitem(last=False)
+    cache.put(key, matcher, MATCHER_BASE_BYTES + MATCHER_BYTES_PER_GRAMMAR_CHAR * len(grammar))
     return matcher
 
 

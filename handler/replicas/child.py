@@ -21,6 +21,7 @@ from handler.backends.base import Backend
 from handler.backends.loader import load_backend
 from handler.engine.sequence import Sequence
 from handler.engine.step_engine import StepEngine
+from handler.grammar import matchers
 from handler.replicas.protocol import (
     FIELD_ASKS,
     LOGPROB_ASKS,
@@ -139,6 +140,7 @@ def run(conn: Connection) -> int:
     )
     started = time.perf_counter()
     try:
+        matchers.configure(spec.config.grammar_cache_bytes)
         backend = load_backend(spec.config, spec.model_dir, cores=spec.cores)
         backend.warmup()
     except BaseException as exc:

@@ -23,6 +23,7 @@ from handler.backends.loader import load_backend
 from handler.config import ServingConfig
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError
+from handler.grammar import matchers
 from handler.grammar.compiler import ConstraintCompiler, PendingConstraint
 from handler.replicas.model import ReplicatedModel, start_replicas
 from handler.request import GenerationRequest, Limits
@@ -72,7 +73,9 @@ class GenerationService:
             handler.max_json_depth,
         )
         self.token_metrics = TokenMetrics(backend.n_slots)
+        self._longest_token_chars = longest_token_chars(backend.tokenizer)
         grammar = handler.grammar
+        matchers.configure(config.grammar_cache_bytes)
         self.constraints = ConstraintCompiler(
             backend.tokenizer,
             backend.vocab_size,
@@ -181,7 +184,16 @@ class GenerationService:
         return True
 
     def _encoded(self, request: GenerationRequest, api: Api) -> list[int]:
-        """The prompt's token ids; text the tokenizer refuses is the client's 400, not our 500."""
+        """The prompt's token ids; text the tokenizer refuses is the client's 400, not our 500. A
+        prompt too long to fit however it tokenizes is refused before any of it is tokenized."""
+        fewest = _fewest_tokens(request.prompt, self._longest_token_chars)
+        if fewest > self.backend.n_positions:
+            param = api.wire_name("prompt")
+            raise InvalidRequest(
+                f"the prompt ({len(request.prompt)} characters, more than {fewest} tokens) is longer than the "
+                f"model's n_positions ({self.backend.n_positions})",
+                param,
+            )
         try:
             return self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
         except (TypeError, ValueError, UnicodeError) as exc:
@@ -281,6 +293,26 @@ class GenerationService:
     def close(self) -> None:
         self.constraints.close()
         self.backend.close()
+
+
+def longest_token_chars(tokenizer: Any) -> int | None:
+    """The most characters one token of the vocabulary stands for (its spelling in the vocabulary:
+    a byte-level token is spelt one character per byte, never fewer than the text it decodes to),
+    special tokens included; None when the tokenizer has no vocabulary to read."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a readable vocabulary: no bound, tokenize everything
+        return None
+    return max((len(token) for token in vocab), default=None)
+
+
+def _fewest_tokens(text: str, longest_token_chars: int | None) -> int:
+    """A lower bound on the tokens of `text`: no token covers more than `longest_token_chars`
+    characters. Halved, for a normalizer that drops characters before tokenizing (a refused prompt
+    must be a prompt that could never fit): tokenizing costs at most twice the longest prompt."""
+    if not longest_token_chars:
+        return 0
+    return len(text) // (2 * longest_token_chars)
 
 
 def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:

@@ -182,3 +182,21 @@ def test_a_recursive_schema_that_can_stop_is_served_and_validates(frontend):
         if not node.get("kids"):
             break
         (node,) = node["kids"]
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(frontend, monkeypatch):
+    service = frontend.handler.serving.service
+    tokenized: list[int] = []
+    original = service.backend.encode
+
+    def counting(text, *args, **kwargs):
+        tokenized.append(len(text))
+        return original(text, *args, **kwargs)
+
+    monkeypatch.setattr(service.backend, "encode", counting)
+    (reply,) = frontend.serve([{"prompt": "word " * 200_000, "max_new_tokens": 2}])  # 1 MB of text
+    error = error_of(reply)
+    assert error["param"] == "prompt" and "longer than the model's n_positions (256)" in error["message"]
+    assert tokenized == []
+    (reply,) = frontend.serve([{"prompt": "word " * 300, "max_new_tokens": 2}])  # near the limit: tokenized
+    assert "n_positions" in error_of(reply)["message"] and tokenized == [1500]

@@ -63,9 +63,9 @@ def test_nesting_at_the_limit_is_accepted():
 
 def test_the_check_has_no_recursion_of_its_own():
     deep: list = []
-    for _ in range(100_000):
+    for _ in range(5_000):
         deep = [deep]
-    check_json_tree({"x": deep}, 10**6)  # deeper than Python's stack, within the limit: no RecursionError
+    check_json_tree({"x": deep}, 10**4)  # deeper than Python's stack, within the limit: no RecursionError
     with pytest.raises(InvalidRequest, match="nested deeper than 64"):
         check_json_tree({"x": deep}, 64)
     # a lone surrogate at the bottom is still found
@@ -115,3 +115,20 @@ def test_a_constraint_failure_ends_the_sequence_with_an_error_not_a_stop(tiny_to
     assert sequence.state is State.FAILED
     assert sequence.error.status == 400 and sequence.error.param == "constraint"
     assert "parser gave up" in sequence.error.message
+
+
+def test_the_grammar_cache_is_bounded_by_bytes_not_entries(monkeypatch):
+    from handler.grammar import matchers
+    from handler.grammar.byte_lru import ByteLRU
+    from handler.grammar.grammars import llguidance_grammar
+    from handler.request import Constraint
+
+    monkeypatch.setattr(matchers, "cache", ByteLRU(2_000_000))
+    for i in range(20):  # twenty distinct ~200 KB schemas: about 8 MB of texts
+        schema = {"type": "string", "enum": [f"{i}-{j}-" + "x" * 40 for j in range(4000)]}
+        llguidance_grammar(Constraint("json_schema", json.dumps(schema)))
+        assert matchers.cache.bytes <= 2_000_000
+    assert 0 < len(matchers.cache) < 20
+    huge = ByteLRU(10)
+    huge.put("k", "v" * 100, 100)  # larger than the whole budget: not kept
+    assert huge.get("k") is None and huge.bytes == 0
