@@ -34,6 +34,13 @@ class InvalidRequest(ServingError):
     error_type = "invalid_request_error"
 
 
+class UnsupportedMediaType(ServingError):
+    """The body comes in a form the server does not read (compressed, form-encoded): say which."""
+
+    status = 415
+    error_type = "invalid_request_error"
+
+
 class NotFound(ServingError):
     status = 404
     error_type = "not_found_error"

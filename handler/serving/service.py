@@ -22,7 +22,7 @@ from handler.backends.base import Backend
 from handler.backends.loader import load_backend
 from handler.config import ServingConfig
 from handler.engine.sequence import Sequence
-from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError
+from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError, UnsupportedMediaType
 from handler.grammar import matchers
 from handler.grammar.compiler import ConstraintCompiler, PendingConstraint
 from handler.replicas.model import ReplicatedModel, start_replicas
@@ -118,6 +118,7 @@ class GenerationService:
         work.arrived_at = arrival_time(context, index)
         work.grpc = is_grpc(context, index, row)
         try:
+            check_body_form(context, index)
             url_path = context.get_request_header(index, "url_path")
             depth = self.limits.max_json_depth
             body = None if route_path(url_path) else decode_body(body_of(row), depth)  # no route: the body picks it
@@ -293,6 +294,36 @@ class GenerationService:
     def close(self) -> None:
         self.constraints.close()
         self.backend.close()
+
+
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def check_body_form(context: Any, index: int) -> None:
+    """A body the frontend hands over in a form the handler cannot read as sent is a 415 naming the
+    header: compressed (TorchServe passes the bytes on undecoded) or form-encoded (the frontend
+    splits it into form fields, and a JSON body is lost)."""
+    headers = {str(k).lower(): v for k, v in (_all_headers(context, index) or {}).items()}
+    encoding = str(headers.get("content-encoding") or "").strip()
+    if encoding and encoding.lower() != "identity":
+        raise UnsupportedMediaType(
+            f"Content-Encoding '{printable(encoding)[:40]}' is not accepted: send the body uncompressed",
+            "Content-Encoding",
+        )
+    content_type = str(headers.get("content-type") or "").split(";")[0].strip().lower()
+    if content_type in FORM_TYPES:
+        raise UnsupportedMediaType(
+            f"Content-Type '{content_type}' is not accepted: send JSON with Content-Type: application/json "
+            "(or plain text)",
+            "Content-Type",
+        )
+
+
+def _all_headers(context: Any, index: int) -> dict[str, Any] | None:
+    try:
+        return context.get_all_request_header(index)
+    except (AttributeError, IndexError, TypeError):  # a context without headers (tests, 0.11 re-sends)
+        return None
 
 
 def longest_token_chars(tokenizer: Any) -> int | None:
