@@ -10,13 +10,30 @@
 # The bench starts its own torchserve per mode (own ports, config.properties and TMPDIR under
 # build/bench/<backend>/<mode>/) and stops it; results go to bench_results/bench-<backend>.{json,png}.
 # The policy reference alone: $(PY) scripts/bench_des.py --profile $(BENCH_PROFILE)
+# make bench-isolation       hf backend, tiny model, 4 slots: a 300-token bystander stream's ITL p99 while one class
+#                            of hostile requests arrives (lone surrogates, JSON 2,000 deep, huge stop strings, a
+#                            12,000-property schema) / alone (goal <= 2), their statuses and whether the worker died;
+#                            its own torchserve under build/bench-isolation/; bench_results/bench-isolation.json (1-3 min)
+# make bench-isolation ISOLATION_ARGS="--classes a,d"        some classes only
+# make bench-memory          hf backend, tiny model: the worker's RSS after 300 distinct ~1 MB schemas and 100 1 MB
+#                            prompts against handler.grammar.cache_mb, and the wait behind an n-at-the-limit request;
+#                            bench_results/memory.json (about 2 min)
 BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
 BENCH_LONG ?=
 BENCH_ARGS ?=
+ISOLATION_ARGS ?=
+MEMORY_ARGS ?=
 
-.PHONY: bench
+.PHONY: bench bench-isolation bench-memory
 
 bench: venv model
 	$(PY) scripts/bench_suite.py --backend $(BACKEND) --profile $(BENCH_PROFILE) \
 		--model-dir $(DEFAULT_MODEL_DIR) --workdir $(BUILD)/bench $(if $(BENCH_LONG),--long) $(BENCH_ARGS)
+
+bench-isolation: venv model
+	$(PY) scripts/bench_isolation.py --model-dir $(DEFAULT_MODEL_DIR) --workdir $(BUILD)/bench-isolation $(ISOLATION_ARGS)
+
+bench-memory: venv model
+	$(PY) scripts/bench_memory.py --model-dir $(DEFAULT_MODEL_DIR) $(MEMORY_ARGS)
+

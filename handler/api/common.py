@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from handler.api.json_tree import check_json_tree
+from handler.api.json_tree import check_json_tree, printable
 from handler.errors import InvalidRequest
 from handler.grammar.grammars import json_schema_text
 from handler.request import Constraint, Limits
@@ -51,6 +51,8 @@ def decode_body(body: Any, max_depth: int = 64) -> dict[str, Any] | str:
             raise InvalidRequest(f"request body is not valid JSON: {exc.msg} at position {exc.pos}", "body") from None
         except RecursionError:  # TorchServe's own decode gave up for the same reason and passed the bytes on
             raise InvalidRequest(f"the request body is nested deeper than {max_depth} levels", "body") from None
+        except ValueError as exc:  # e.g. an integer of more than 4,300 digits (Python's int conversion limit)
+            raise InvalidRequest(f"request body is not valid JSON: {str(exc)[:120]}", "body") from None
     if not isinstance(body, dict):
         raise InvalidRequest(
             f"request body must be a JSON object or plain text, got a JSON {type(body).__name__}", "body"
@@ -96,11 +98,16 @@ def body_path(data: Any, loc: tuple[Any, ...], missing: bool) -> list[Any]:
     return path
 
 
+LOGGED_FIELDS = 20  # names of ignored fields one log line quotes; the rest are counted
+
+
 def log_ignored(route: str, fields: Iterable[str]) -> None:
-    """One log line naming the body fields a route ignores (unknown or not supported)."""
+    """One bounded log line naming the body fields a route ignores (unknown or not supported)."""
     names = sorted(fields)
     if names:
-        logger.info("%s: ignoring unknown request fields: %s", route, ", ".join(names))
+        shown = ", ".join(printable(name)[:64] for name in names[:LOGGED_FIELDS])
+        more = f" and {len(names) - LOGGED_FIELDS} more" if len(names) > LOGGED_FIELDS else ""
+        logger.info("%s: ignoring unknown request fields: %s%s", route, shown, more)
 
 
 def extra_fields(model: BaseModel, prefix: str = "") -> list[str]:

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 
 class ByteLRU:
     """Thread-safe. An entry larger than the whole budget is not kept (its caller still has it)."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, after_evict: Callable[[int], None] | None = None) -> None:
         self.max_bytes = max_bytes
+        self._after_evict = after_evict  # called with the bytes an insertion or resize evicted
         self.bytes = 0
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
@@ -36,17 +37,26 @@ class ByteLRU:
                 return
             self._entries[key] = (value, size)
             self.bytes += size
-            self._evict()
+            evicted = self._evict()
+        self._evicted(evicted)
 
     def resize(self, max_bytes: int) -> None:
         with self._lock:
             self.max_bytes = max_bytes
-            self._evict()
+            evicted = self._evict()
+        self._evicted(evicted)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _evict(self) -> None:
+    def _evict(self) -> int:
+        evicted = 0
         while self.bytes > self.max_bytes and self._entries:
             _, (_, size) = self._entries.popitem(last=False)
             self.bytes -= size
+            evicted += size
+        return evicted
+
+    def _evicted(self, evicted: int) -> None:
+        if evicted and self._after_evict is not None:
+            self._after_evict(evicted)

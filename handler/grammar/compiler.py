@@ -12,6 +12,8 @@ the request's prefill finds it: the step only copies it.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -49,6 +51,18 @@ class PendingConstraint:
             pass
 
 
+# The compile threads' nice value: on a small host a hostile schema's compile competes with the
+# steps for the cores; Linux schedules each thread by its own nice value, so the steps come first.
+COMPILE_NICE = 10
+
+
+def _lower_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
+    except (OSError, AttributeError):  # not Linux, or not allowed: compile at the process's priority
+        logger.debug("could not lower the grammar compile thread's priority", exc_info=True)
+
+
 class ConstraintCompiler:
     """Builds constraints' matchers for one tokenizer on `threads` threads; each gets `timeout_s`
     from its submission. At most `max_pending` wait or run at once: more is an overload."""
@@ -68,7 +82,9 @@ class ConstraintCompiler:
         self.timeout_s = timeout_s
         self.max_symbols = max_symbols
         self.max_pending = 4 * threads + 4
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar-compile")
+        self._pool = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="grammar-compile", initializer=_lower_priority
+        )
         self._pending: set[Future[str | None]] = set()
 
     @property

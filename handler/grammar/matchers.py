@@ -4,6 +4,7 @@ of each grammar, shared by the receipt check (handler/grammar/compiler.py) and t
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -19,17 +20,38 @@ from handler.grammar.byte_lru import ByteLRU
 DEFAULT_MAX_SYMBOLS = 50_000
 DEFAULT_CACHE_BYTES = 256 * 2**20
 # What a compiled matcher holds, per character of its grammar: measured 14-20 bytes (RSS) for
-# 1 MB enum schemas with the tiny tokenizer; the lexer grows with the vocabulary, so this is an
+# 1 MB enum schemas with the tiny tokenizer, and the worker's growth under 300 distinct ones
+# (scripts/bench_memory.py) came to about 24; the lexer grows with the vocabulary, so this is an
 # estimate, stated as one (docs/operations.md).
-MATCHER_BYTES_PER_GRAMMAR_CHAR = 16
+MATCHER_BYTES_PER_GRAMMAR_CHAR = 24
 MATCHER_BASE_BYTES = 64 * 1024
 PROBE_STEPS = 16  # tokens of a constraint walked on receipt (handler/grammar/compiler.py)
 ERROR_LIMIT = 300  # characters of a grammar engine's error quoted back to the client
 
 _lock = threading.Lock()
 _views: dict[tuple[int, int | None, tuple[int, ...]], tuple[Any, Any]] = {}
+TRIM_AFTER_BYTES = 8 * 2**20
+
+
+def _give_back_freed_memory(evicted: int) -> None:
+    """After large evictions, ask glibc to return the freed pages (llguidance allocates through it):
+    without this the worker's RSS keeps the high-water mark of what the cache once held."""
+    if evicted >= TRIM_AFTER_BYTES and _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # noqa: B018 - glibc only
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
 # Grammar texts (handler/grammar/grammars.py) and compiled matchers, in one budget per process.
-cache = ByteLRU(DEFAULT_CACHE_BYTES)
+cache = ByteLRU(DEFAULT_CACHE_BYTES, _give_back_freed_memory)
 
 
 def configure(cache_bytes: int) -> None:

@@ -39,3 +39,16 @@ def server(request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
         yield ts
     finally:
         ts.stop()
+
+
+@pytest.fixture(scope="package")
+def continuous_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
+    """One continuous-mode torchserve (4 slots) shared by the modules that probe one server from
+    outside (isolation, fuzz, gRPC, HTTP edges): each leaves it serving, with its slots free."""
+    ts = start_torchserve(
+        tmp_path_factory.mktemp("torchserve-continuous"), tiny_model_dir, with_mode(E2E_MODEL_CONFIG, "continuous")
+    )
+    try:
+        yield ts
+    finally:
+        ts.stop()

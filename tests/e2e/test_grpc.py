@@ -7,31 +7,21 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 import pytest
 
-from tests.e2e.conftest import E2E_MODEL_CONFIG
 from tests.grpc_client import inference_modules
-from tests.modes import with_mode
-from tests.torchserve_process import TorchServe, start_torchserve
+from tests.torchserve_process import TorchServe
 
 PROMPT = {"prompt": "Today the weather is", "max_new_tokens": 40, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    ts = start_torchserve(
-        tmp_path_factory.mktemp("torchserve-grpc"), tiny_model_dir, with_mode(E2E_MODEL_CONFIG, "continuous")
-    )
-    try:
-        yield ts
-    finally:
-        ts.stop()
+def served(continuous_server: TorchServe) -> TorchServe:
+    return continuous_server
 
 
 @pytest.fixture(scope="module")

@@ -7,29 +7,19 @@ from __future__ import annotations
 import gzip
 import json
 import socket
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from scripts.torchserve_compat import has_secure_defaults
-from tests.e2e.conftest import E2E_MODEL_CONFIG
-from tests.modes import with_mode
-from tests.torchserve_process import TorchServe, start_torchserve
+from tests.torchserve_process import TorchServe
 
 BODY = {"prompt": "Today the weather is", "max_new_tokens": 5, "ignore_eos": True, "stream": False}
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    ts = start_torchserve(
-        tmp_path_factory.mktemp("torchserve-edges"), tiny_model_dir, with_mode(E2E_MODEL_CONFIG, "continuous")
-    )
-    try:
-        yield ts
-    finally:
-        ts.stop()
+def served(continuous_server: TorchServe) -> TorchServe:
+    return continuous_server
 
 
 def post(served: TorchServe, content: bytes, headers: dict[str, str]) -> httpx.Response:

@@ -132,3 +132,8 @@ def test_the_grammar_cache_is_bounded_by_bytes_not_entries(monkeypatch):
     huge = ByteLRU(10)
     huge.put("k", "v" * 100, 100)  # larger than the whole budget: not kept
     assert huge.get("k") is None and huge.bytes == 0
+
+
+def test_a_number_python_will_not_convert_is_a_400():
+    error = refused('{"prompt": "hi", "seed": ' + "9" * 5000 + "}")
+    assert error.param == "body" and "not valid JSON" in error.message
