@@ -96,13 +96,17 @@ class GrammarConfig(_Section):
     """`handler.grammar`: how constraints (structured output, tools) are compiled on receipt."""
 
     compile_threads: int = Field(
-        default=1,
+        default=2,
         ge=1,
         le=16,
-        description="constraints compiled at once, off the step thread (llguidance releases the GIL meanwhile)",
+        description="constraints compiled at once, off the step thread (llguidance releases the GIL meanwhile; "
+        "the threads run at a lower priority than the steps)",
     )
     compile_timeout_s: float = Field(
-        default=10.0, gt=0, le=600, description="a constraint not compiled by then is that request's 400"
+        default=10.0,
+        gt=0,
+        le=600,
+        description="a constraint whose compile runs longer is that request's 400 (time queued does not count)",
     )
     cache_mb: int = Field(
         default=256,

@@ -11,6 +11,7 @@ the request's prefill finds it: the step only copies it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -29,26 +30,35 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class PendingConstraint:
-    """One request's constraint on its way through the pool."""
+    """One request's constraint on its way through the pool. Its time budget runs from the moment a
+    thread starts compiling it: a request queued behind hostile schemas waits (the queue is bounded:
+    `ConstraintCompiler.busy`), it is not refused for their time."""
 
-    future: Future[str | None]
-    deadline: float  # time.monotonic()
+    timeout_s: float
+    future: Future[str | None] | None = None
+    started_at: float | None = None  # time.monotonic(), set by the compiling thread
 
     def problem(self) -> str | None:
         """Why the constraint cannot be enforced, None when it can. Call once `done`."""
+        assert self.future is not None
         if not self.future.done():
             return "the constraint was not compiled within its time budget; simplify the schema or grammar"
         return self.future.result()
 
     @property
     def done(self) -> bool:
-        return self.future.done() or time.monotonic() >= self.deadline
+        assert self.future is not None
+        started = self.started_at
+        return self.future.done() or (started is not None and time.monotonic() - started >= self.timeout_s)
 
     def wait(self) -> None:
-        try:
-            self.future.result(timeout=max(0.0, self.deadline - time.monotonic()))
-        except TimeoutError:
-            pass
+        """Until the compile ended or ran past its budget."""
+        while not self.done:
+            with contextlib.suppress(TimeoutError):
+                self.future.result(timeout=WAIT_POLL_S)  # type: ignore[union-attr]
+
+
+WAIT_POLL_S = 0.05
 
 
 # The compile threads' nice value: on a small host a hostile schema's compile competes with the
@@ -65,14 +75,14 @@ def _lower_priority() -> None:
 
 class ConstraintCompiler:
     """Builds constraints' matchers for one tokenizer on `threads` threads; each gets `timeout_s`
-    from its submission. At most `max_pending` wait or run at once: more is an overload."""
+    from the start of its compile. At most `max_pending` wait or run at once: more is an overload."""
 
     def __init__(
         self,
         tokenizer: Any,
         vocab_size: int | None,
         eos_token_ids: Iterable[int],
-        threads: int = 1,
+        threads: int = 2,
         timeout_s: float = 10.0,
         max_symbols: int = matchers.DEFAULT_MAX_SYMBOLS,
     ) -> None:
@@ -94,11 +104,13 @@ class ConstraintCompiler:
         return len(self._pending) >= self.max_pending
 
     def submit(self, constraint: Constraint) -> PendingConstraint:
-        future = self._pool.submit(self._problem, constraint)
-        self._pending.add(future)
-        return PendingConstraint(future, time.monotonic() + self.timeout_s)
+        pending = PendingConstraint(self.timeout_s)
+        pending.future = self._pool.submit(self._problem, constraint, pending)
+        self._pending.add(pending.future)
+        return pending
 
-    def _problem(self, constraint: Constraint) -> str | None:
+    def _problem(self, constraint: Constraint, pending: PendingConstraint) -> str | None:
+        pending.started_at = time.monotonic()
         started = time.perf_counter()
         try:
             grammar = llguidance_grammar(constraint)
