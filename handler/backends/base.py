@@ -38,13 +38,15 @@ def clamp_n_positions(wanted: int, limit: int | None, what: str) -> int:
 
 
 class SlotRequestError(ValueError):
-    """One request of a prefill call that the backend cannot take (a grammar that does not compile
-    for this tokenizer); the others of the call are fine. The engine fails that request alone and
-    prefills the rest again."""
+    """One request of a prefill or decode call that the backend cannot take (a grammar that does not
+    compile for this tokenizer; a position past what the compiled graphs serve); the others of the
+    call are fine. The engine fails that request alone (a 400 naming `param`, the request field to
+    blame) and runs the call again without it."""
 
-    def __init__(self, slot: int, message: str) -> None:
+    def __init__(self, slot: int, message: str, param: str = "constraint") -> None:
         super().__init__(message)
         self.slot = slot
+        self.param = param
 
 
 @dataclass(frozen=True)

@@ -40,14 +40,13 @@ Serving (the step contract of handler/backends/base.py):
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -56,7 +55,7 @@ from typing import Any
 
 import torch
 
-from handler.backends.base import Backend, SlotRequest
+from handler.backends.base import Backend, SlotRequest, SlotRequestError
 from handler.backends.device_slots import (
     CheckpointFacts,
     LiveSlot,
@@ -71,6 +70,7 @@ from handler.backends.sampling import BatchSampler
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron import artifacts
+from handler.neuron.checkpoint_identity import STATS_KEY, checkpoint_identity
 from handler.neuron.cores import CorePlacement
 from handler.neuron.environment import CacheLocation, child_environment, configure_compiler
 from handler.neuron.load_or_compile import Recipe, load_or_compile
@@ -149,12 +149,16 @@ class Sdk:
         return self.model_cls(recipe.checkpoint, config)
 
 
-def compile_in_child(recipe: ModelRecipe, out_dir: str, timeout_s: float | None = None) -> None:
-    """Compile into `out_dir` in a child process with a scratch folder of its own (NxD's tracer
-    rmtree's BASE_COMPILE_WORK_DIR first, and asks to trace in a separate process)."""
-    with tempfile.TemporaryDirectory(prefix="nxdi-compile-") as scratch:
-        env = child_environment({"BASE_COMPILE_WORK_DIR": scratch + "/"})
-        started = time.perf_counter()
+def compile_in_child(recipe: ModelRecipe, out_dir: str, artifacts_dir: Path, timeout_s: float | None = None) -> None:
+    """Compile into `out_dir` in a child process (NxD asks to trace in a process of its own) with the
+    artifacts folder's own scratch folder (`compile_work_dir`): NxD's tracer rmtree's
+    BASE_COMPILE_WORK_DIR first, so two compiles on a host must not share one, and the folder's
+    absolute path is part of every graph's persistent-cache key, so it must not change between
+    compiles of one configuration either. The caller holds the artifacts folder's compile lock."""
+    scratch = compile_work_dir(artifacts_dir)
+    env = child_environment({"BASE_COMPILE_WORK_DIR": f"{scratch}/"})
+    started = time.perf_counter()
+    try:
         done = subprocess.run(
             [sys.executable, "-m", "handler.backends.nxdi_compile", out_dir],
             input=recipe.to_json(),
@@ -163,10 +167,18 @@ def compile_in_child(recipe: ModelRecipe, out_dir: str, timeout_s: float | None 
             text=True,
             timeout=timeout_s,
         )
-        output = (done.stdout + done.stderr)[-COMPILE_LOG_TAIL:]
-        if done.returncode != 0:
-            raise RuntimeError(f"nxdi: the compile process failed (exit status {done.returncode}): {output}")
-        logger.info("nxdi: compiled in a child process in %.1f s", time.perf_counter() - started)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # HLOs and NEFF copies: the cache and the artifacts keep them
+    output = (done.stdout + done.stderr)[-COMPILE_LOG_TAIL:]
+    if done.returncode != 0:
+        raise RuntimeError(f"nxdi: the compile process failed (exit status {done.returncode}): {output}")
+    logger.info("nxdi: compiled in a child process in %.1f s", time.perf_counter() - started)
+
+
+def compile_work_dir(artifacts_dir: Path) -> Path:
+    """The scratch folder of the compiles into `artifacts_dir`: the same path every time (the
+    persistent compile cache's keys hash the compiler flags, which name a log file inside it)."""
+    return artifacts_dir.with_name(f"{artifacts_dir.name}.compile-work").absolute()
 
 
 @dataclass
@@ -200,6 +212,7 @@ class NxdiBackend(Backend):
         self.vocab_size, self.n_positions = facts.vocab_size, facts.n_positions
         self.context_buckets = self._buckets(self.settings.context_buckets, "context_buckets")
         self.token_buckets = self._buckets(self.settings.token_buckets, "token_buckets")
+        check_reachable_positions(self.context_buckets, self.token_buckets, self.n_positions)
         self.max_prompt_tokens = self.context_buckets[-1]
         self.on_device = self.settings.on_device_sampling
         self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
@@ -288,11 +301,19 @@ class NxdiBackend(Backend):
             "torch_neuronx": package_version("torch-neuronx", _module("torch_neuronx")),
             "neuronx_cc": compiler_version(),
             "model_class": self.settings.model_class,
-            "checkpoint": checkpoint_identity(self.checkpoint),
+            "checkpoint": self._checkpoint_identity(),
             "neuron_config": self.recipe.neuron_config,
             "on_device_sampling": self.recipe.on_device_sampling,
             "compiler_flags": os.environ.get("NEURON_CC_FLAGS", ""),
         }
+
+    def _checkpoint_identity(self) -> dict[str, Any]:
+        """The checkpoint's content (what the pre-sharded weights in the artifacts were cut from),
+        reusing the digests the manifest recorded for files whose size and mtime are unchanged."""
+        known = artifacts.read_manifest(self.cache.artifacts_dir) or {}
+        recorded = {"identity": known.get("depends_on", {}).get("checkpoint", {}), "stats": known.get(STATS_KEY, {})}
+        identity, self._checkpoint_stats = checkpoint_identity(self.checkpoint, recorded)
+        return identity
 
     # -- load or compile ---------------------------------------------------------------
     def _load(self) -> tuple[Any | None, str]:
@@ -306,11 +327,17 @@ class NxdiBackend(Backend):
         logger.info(
             "nxdi: path=load: compiled model from %s on the cores in %.1f s", folder, time.perf_counter() - started
         )
+        artifacts.record_extra(self.cache.artifacts_dir, STATS_KEY, self._checkpoint_stats)  # e.g. after a touch
         return model, ""
 
     def _compile(self) -> Any:
         started = time.perf_counter()
-        artifacts.save(self.cache.artifacts_dir, self.expected, lambda out: compile_in_child(self.recipe, out))
+        artifacts.save(
+            self.cache.artifacts_dir,
+            self.expected,
+            lambda out: compile_in_child(self.recipe, out, self.cache.artifacts_dir),
+            extra={STATS_KEY: self._checkpoint_stats},
+        )
         logger.info(
             "nxdi: path=compile: compiled (n_slots=%d tp_degree=%d amp=%s n_positions=%d context buckets=%s) and saved "
             "to %s in %.1f s",
@@ -397,6 +424,7 @@ class NxdiBackend(Backend):
         states = self._live.check_decode(ordered)
         if not slots:
             return []
+        self._check_positions(ordered, states)
         out = self._forward(
             torch.tensor([[state.token] for state in states], dtype=torch.long),
             torch.tensor([[state.position] for state in states], dtype=torch.long),
@@ -411,6 +439,21 @@ class NxdiBackend(Backend):
         for slot, state in zip(ordered, states, strict=True):
             state.token, state.position = by_slot[slot].token_id, state.position + 1
         return [by_slot[slot] for slot in slots]
+
+    def _check_positions(self, slots: list[int], states: Sequence[_Slot]) -> None:
+        """NxDI picks one token-generation bucket for the whole call from its largest position, and
+        a position past the largest bucket fails the call for every row ("Input len X exceeds
+        largest bucket (Y) for token_generation_model", model_wrapper.py). The start-up check and
+        the receipt check keep a request within the buckets; should a row still reach past them,
+        it fails alone, before the call."""
+        largest = self.token_buckets[-1]
+        for slot, state in zip(slots, states, strict=True):
+            if state.position + 1 > largest:
+                raise SlotRequestError(
+                    slot,
+                    f"position {state.position} is past the largest compiled token bucket ({largest})",
+                    "max_new_tokens",
+                )
 
     def release(self, slot: int) -> None:
         self._live.pop(slot, None)
@@ -473,17 +516,27 @@ class NxdiBackend(Backend):
             self.placement = None
 
 
+def check_reachable_positions(context_buckets: list[int], token_buckets: list[int], n_positions: int) -> None:
+    """Every position a request may reach (prompt + max_new_tokens <= n_positions, checked on
+    receipt) must be served by a compiled graph: NxDI itself only checks that the largest token
+    bucket is <= max_length (models/config.py), and a decode past it fails the whole call mid-stream."""
+    key = "model-config.yaml: handler.nxdi"
+    if token_buckets[-1] < n_positions:
+        raise ConfigError(
+            f"{key}.token_buckets: the largest token bucket ({token_buckets[-1]}) is below n_positions "
+            f"({n_positions}): a request reaching positions {token_buckets[-1] + 1}..{n_positions} would fail "
+            f"mid-stream; add {n_positions} as the last token bucket, or lower handler.n_positions to "
+            f"{token_buckets[-1]}"
+        )
+    if context_buckets[-1] > token_buckets[-1]:
+        raise ConfigError(
+            f"{key}.context_buckets: the largest context bucket ({context_buckets[-1]}) is above the largest "
+            f"token bucket ({token_buckets[-1]}); keep every context bucket <= the largest token bucket"
+        )
+
+
 def _module(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError:
         return None
-
-
-def checkpoint_identity(checkpoint: Path) -> dict[str, Any]:
-    """The checkpoint as the saved sharded weights depend on it: its config and its weight files."""
-    weights = sorted(p for p in checkpoint.iterdir() if p.suffix == ".safetensors" and p.is_file())
-    return {
-        "config_sha256": hashlib.sha256((checkpoint / "config.json").read_bytes()).hexdigest()[:16],
-        "weights": {p.name: p.stat().st_size for p in weights},
-    }

@@ -227,7 +227,7 @@ class StepEngine:
             if not bad:
                 self._fail([(a.slot, a.item) for a in admitted], exc, "prefill")
                 return self._clock() - started
-            self._fail([(a.slot, a.item) for a in bad], InvalidRequest(str(exc), "constraint"), "prefill")
+            self._fail([(a.slot, a.item) for a in bad], InvalidRequest(str(exc), exc.param), "prefill")
             for a in rest:
                 self._release(a.slot)
             return self._clock() - started + (self._prefill(rest) if rest else 0.0)
@@ -244,6 +244,14 @@ class StepEngine:
         try:
             failpoints.check_decode((s.request.prompt, s.completion_tokens) for _, s in live)
             choices = self.backend.decode([slot for slot, _ in live])
+        except SlotRequestError as exc:  # one row's fault: it fails alone, the others decode again
+            bad = [(slot, s) for slot, s in live if slot == exc.slot]
+            rest = [(slot, s) for slot, s in live if slot != exc.slot]
+            if not bad:
+                self._fail(live, exc, "decode")
+                return self._clock() - started
+            self._fail(bad, InvalidRequest(str(exc), exc.param), "decode")
+            return self._clock() - started + (self._decode(rest) if rest else 0.0)
         except Exception as exc:
             self._fail(live, exc, "decode")
             return self._clock() - started

@@ -53,12 +53,7 @@ def check(artifacts_dir: Path, expected: dict[str, Any]) -> Verdict:
     found = read_manifest(artifacts_dir)
     if found is None:
         return Verdict(False, f"no compiled artifacts in {artifacts_dir}")
-    recorded = found.get("depends_on", {})
-    changed = [
-        f"{key}: {recorded.get(key)!r} -> {expected.get(key)!r}"
-        for key in sorted(set(recorded) | set(expected))
-        if recorded.get(key) != expected.get(key)
-    ]
+    changed = differences(found.get("depends_on", {}), expected)
     if changed:
         return Verdict(False, "manifest mismatch (" + "; ".join(changed) + ")")
     missing = [name for name in found.get("files", []) if not (artifacts_dir / name).is_file()]
@@ -67,8 +62,42 @@ def check(artifacts_dir: Path, expected: dict[str, Any]) -> Verdict:
     return Verdict(True, f"manifest matches ({len(found['files'])} files)")
 
 
-def save(artifacts_dir: Path, expected: dict[str, Any], save_model: Callable[[str], None]) -> None:
-    """Write the artifacts with `save_model(dir)` into a fresh folder, add the manifest, swap it in."""
+def differences(recorded: Any, expected: Any, path: str = "") -> list[str]:
+    """Each leaf that differs, by its dotted path (`checkpoint.weights.model.safetensors.sha256`),
+    so a mismatch names the file or key that changed rather than two whole dictionaries."""
+    if isinstance(recorded, dict) and isinstance(expected, dict):
+        out: list[str] = []
+        for key in sorted(set(recorded) | set(expected), key=str):
+            out += differences(recorded.get(key), expected.get(key), f"{path}.{key}" if path else str(key))
+        return out
+    return [] if recorded == expected else [f"{path}: {recorded!r} -> {expected!r}"]
+
+
+def record_extra(artifacts_dir: Path, key: str, value: Any) -> None:
+    """Replace one top-level entry of the manifest that `check` does not compare (e.g. the
+    checkpoint's file stats), written whole and renamed into place."""
+    manifest = read_manifest(artifacts_dir)
+    if manifest is None or manifest.get(key) == value:
+        return
+    manifest[key] = value
+    path = artifacts_dir / MANIFEST
+    staging = path.with_name(f"{MANIFEST}.new-{os.getpid()}")
+    try:
+        staging.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        staging.rename(path)
+    except OSError as exc:  # a read-only artifacts folder: the next start hashes again
+        logger.info("could not update %s: %s", path, exc)
+        staging.unlink(missing_ok=True)
+
+
+def save(
+    artifacts_dir: Path,
+    expected: dict[str, Any],
+    save_model: Callable[[str], None],
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write the artifacts with `save_model(dir)` into a fresh folder, add the manifest (with
+    `extra`: top-level entries `check` does not compare), swap it in."""
     artifacts_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = artifacts_dir.with_name(f"{artifacts_dir.name}.new-{os.getpid()}")
     retired = artifacts_dir.with_name(f"{artifacts_dir.name}.old-{os.getpid()}")
@@ -81,6 +110,7 @@ def save(artifacts_dir: Path, expected: dict[str, Any], save_model: Callable[[st
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "depends_on": expected,
             "files": files,
+            **(extra or {}),
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         if artifacts_dir.exists():

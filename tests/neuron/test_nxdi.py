@@ -9,15 +9,18 @@ here must equal the Hugging Face model's, whoever its batch-mates are and whenev
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from handler.backends.base import SlotRequest
+from handler.backends.base import SlotRequest, SlotRequestError
+from handler.backends.nxdi import compile_work_dir
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.replicas.model import start_replicas
@@ -76,7 +79,8 @@ def test_compiles_once_in_a_child_then_loads(fake_neuronx, checkpoint, start_bac
     backend = start_backend(model_yaml)
     [compiled] = calls(fake_neuronx, "compile")
     assert compiled["pid"] != calls(fake_neuronx, "load")[0]["pid"], "the compile ran in the worker's process"
-    assert compiled["workdir"].startswith("/tmp/nxdi-compile-"), "the compile shared NxD's default scratch folder"
+    assert compiled["workdir"] == f"{compile_work_dir(artifacts_of(checkpoint))}/", "not the folder's own scratch"
+    assert not compile_work_dir(artifacts_of(checkpoint)).exists()  # removed after the compile
     assert compiled["batch_sizes"] == {"context_encoding_model": 1, "token_generation_model": 2}
     assert compiled["sharded"] is True
     manifest = json.loads((artifacts_of(checkpoint) / "manifest.json").read_text())
@@ -85,7 +89,13 @@ def test_compiles_once_in_a_child_then_loads(fake_neuronx, checkpoint, start_bac
         depends["neuron_config"]["is_continuous_batching"] is True and depends["neuron_config"]["ctx_batch_size"] == 1
     )
     assert depends["neuronx_distributed_inference"].startswith("0.8")
-    assert depends["checkpoint"]["weights"] == {"model.safetensors": (checkpoint / "model.safetensors").stat().st_size}
+    weights = checkpoint / "model.safetensors"
+    assert depends["checkpoint"]["weights"] == {
+        "model.safetensors": {
+            "size": weights.stat().st_size,
+            "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        }
+    }
     assert any(f.startswith("weights/") for f in manifest["files"]) and "model.pt" in manifest["files"]
     assert backend.path_taken == "compile" and "path=compile" in caplog.text
     backend.close()
@@ -100,7 +110,7 @@ def test_a_stale_manifest_recompiles_with_the_reason(fake_neuronx, checkpoint, s
     caplog.set_level(logging.INFO)
     changed = start_backend(nxdi_yaml(checkpoint, n_slots=2, nxdi={"token_buckets": [64, 256]}))
     assert changed.path_taken == "compile" and len(calls(fake_neuronx, "compile")) == 2
-    assert "manifest mismatch (neuron_config:" in caplog.text and "token_generation_buckets" in caplog.text
+    assert "manifest mismatch (neuron_config.token_generation_buckets: [128, 256] -> [64, 256]" in caplog.text
 
 
 def test_compile_on_start_false_refuses_without_artifacts(checkpoint, start_backend):
@@ -348,3 +358,98 @@ def test_a_qwen2_checkpoint_through_its_class_is_the_models_own(tiny_qwen2, star
     assert run_alone(backend, prompt, 8) == hf_greedy(tiny_qwen2, prompt, 8)
     with pytest.raises(Exception, match=r"cannot serve a 'qwen2' checkpoint"):  # the fake's stand-in for garbage
         start_backend(nxdi_yaml(tiny_qwen2, n_slots=2))
+
+
+# -- issue 30: artifacts tied to the checkpoint's content, a compile cache that hits, reachable positions --
+def reexport_with_new_values(checkpoint: Path) -> None:
+    """A fine-tune written over the checkpoint: the same tensors' shapes, so the same file size."""
+    from safetensors.torch import load_file, save_file
+
+    path = checkpoint / "model.safetensors"
+    size = path.stat().st_size
+    tensors = {name: tensor * 0.5 + 0.01 for name, tensor in load_file(path).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+    assert path.stat().st_size == size  # what sizes alone could not tell apart
+
+
+def test_new_weights_of_the_same_size_are_resharded_and_served(fake_neuronx, checkpoint, start_backend, caplog):
+    model_yaml = nxdi_yaml(checkpoint, n_slots=2)
+    start_backend(model_yaml).close()
+    reexport_with_new_values(checkpoint)
+    caplog.set_level(logging.INFO)
+    again = start_backend(model_yaml)
+    assert again.path_taken == "compile", "the old pre-sharded weights were loaded"
+    assert "checkpoint.weights.model.safetensors.sha256" in caplog.text  # the reason names the file
+    prompt = again.encode(PROMPTS[0])
+    assert run_alone(again, prompt, 6) == hf_greedy(checkpoint, prompt, 6)  # the new weights answer
+
+
+def test_new_weights_with_compiling_off_refuse_to_start_naming_the_file(fake_neuronx, checkpoint, start_backend):
+    start_backend(nxdi_yaml(checkpoint, n_slots=2)).close()
+    reexport_with_new_values(checkpoint)
+    with pytest.raises(ConfigError, match=r"checkpoint\.weights\.model\.safetensors\.sha256"):
+        start_backend(nxdi_yaml(checkpoint, n_slots=2, nxdi={"compile_on_start": False}))
+
+
+def test_an_unchanged_checkpoint_is_hashed_once_and_then_only_stat(fake_neuronx, checkpoint, start_backend, caplog):
+    model_yaml = nxdi_yaml(checkpoint, n_slots=2)
+    caplog.set_level(logging.INFO, logger="handler.neuron.checkpoint_identity")
+    start_backend(model_yaml).close()
+    assert "hashed 1 weight file(s)" in caplog.text
+    caplog.clear()
+    (checkpoint / "model.safetensors").touch()  # a copy that kept the content: one hash, no recompile
+    assert start_backend(model_yaml).path_taken == "load" and "hashed 1 weight file(s)" in caplog.text
+    caplog.clear()
+    assert start_backend(model_yaml).path_taken == "load" and "hashed" not in caplog.text
+
+
+def test_a_second_compile_of_the_same_configuration_takes_every_graph_from_the_cache(
+    fake_neuronx, checkpoint, start_backend
+):
+    model_yaml = nxdi_yaml(checkpoint, n_slots=2)
+    start_backend(model_yaml).close()
+    first = calls(fake_neuronx, "neff")
+    assert first and all(n["cache"] == "miss" for n in first)
+    shutil.rmtree(artifacts_of(checkpoint))  # a cleaned artifacts folder (or a second host, a CI job)
+    assert start_backend(model_yaml).path_taken == "compile"
+    second = calls(fake_neuronx, "neff")[len(first) :]
+    assert len(second) == len(first) and all(n["cache"] == "hit" for n in second)
+
+
+@pytest.mark.parametrize(
+    ("nxdi", "key"),
+    [
+        ({"token_buckets": [64, 128]}, "token_buckets: the largest token bucket \\(128\\) is below n_positions"),
+        ({"context_buckets": [16, 256], "token_buckets": [64, 128]}, "token_buckets"),
+    ],
+)
+def test_a_bucket_layout_that_leaves_positions_unservable_is_refused_at_start(checkpoint, start_backend, nxdi, key):
+    with pytest.raises(ConfigError, match=key):
+        start_backend(nxdi_yaml(checkpoint, nxdi=nxdi))
+
+
+def test_a_row_past_the_compiled_positions_fails_alone_and_its_batch_mate_goes_on(backend):
+    """Forced: the backend is told its largest token bucket is 24 after start (the receipt and start
+    checks keep real requests within the buckets). The long row fails with a 400 naming
+    max_new_tokens; the other, shorter one is served to its end, before and after."""
+    from handler.engine.sequence import Sequence
+    from handler.engine.step_engine import StepEngine
+
+    backend.token_buckets = [*backend.token_buckets[:-1], 24]
+    engine = StepEngine(backend, prefill_token_budget=4096)
+    long_one = GenerationRequest(PROMPTS[0], 40, ignore_eos=True)
+    short_one = GenerationRequest(PROMPTS[1], 8, ignore_eos=True)
+    sequences = [
+        Sequence(r, backend.encode(r.prompt), backend.tokenizer, backend.eos_token_ids, f"r{i}")
+        for i, r in enumerate([long_one, short_one])
+    ]
+    for sequence in sequences:
+        engine.submit(sequence)
+    for _ in range(60):
+        if all(s.finished for s in sequences):
+            break
+        engine.step()
+    failed, served = sequences
+    assert failed.error is not None and failed.error.param == "max_new_tokens" and failed.error.status == 400
+    assert served.error is None and served.completion_tokens == 8
+    assert issubclass(SlotRequestError, ValueError)

@@ -19,6 +19,18 @@ What is faithful, because a serving backend depends on it:
   writes `tp{rank}_sharded_checkpoint.safetensors` for rank in
   range(start_rank_id, start_rank_id + local_ranks_size).
 
+- The persistent compile cache (model_builder.py `trace`, at the SDK 2.27-2.29 tags): each
+  bucket's compiler flags get `--logfile=<absolute path of <workdir>/<key>/_tp0_bk<rank>/
+  log-neuron-cc.txt>` appended (unless the flags name one) and ` --enable-internal-neff-wrapper`,
+  and the cache key is `get_hash_module`: sha256 of the HLO's text plus the flags without
+  spaces, first 20 hex digits. libneuronxla looks the key up in the persistent cache
+  (`--cache_dir=` in NEURON_CC_FLAGS, else NEURON_COMPILE_CACHE_URL, else
+  /var/tmp/neuron-compile-cache) and compiles only on a miss. So the work dir's absolute path
+  is part of every key: a compile in a new scratch folder never hits. The fake's "HLO text" is
+  what its trace wrote for the bucket (model key, bucket rank, input shapes, tp_degree, the model
+  instance's class); each bucket is logged as a `neff` call with
+  `cache` "hit" or "miss" in $FAKE_NEURONX_CALL_LOG.
+
 Inventions of the fake (tests only): `FAKE_NXD_COMPILE_DELAY_S` (default 0) sleeps between
 writing the HLOs and compiling them, so a test can run a second compile into the window;
 the shard layout is the fake's own (every tensor cut along dim 0 into tp_degree pieces with
@@ -32,13 +44,16 @@ plain dict of the programs (key -> list of {"bucket_rank", "input_shapes",
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -128,6 +143,7 @@ class ModelBuilder:
             shutil.rmtree(self.compiler_workdir)
         token = f"{os.getpid()}-{uuid.uuid4().hex}"
         written: list[str] = []
+        cache_keys: dict[str, str] = {}
         programs: dict[str, list[dict[str, Any]]] = {}
         for key, container in self.model_collection.items():
             programs[key] = []
@@ -142,9 +158,19 @@ class ModelBuilder:
                 os.makedirs(os.path.join(output_dir, "model"), exist_ok=True)
                 shapes = [list(tensor.shape) for tensor in example]
                 hlo = os.path.join(output_dir, "model", GRAPH_HLO_FILE)
+                module = {
+                    "key": key,
+                    "bucket_rank": bucket_rank,
+                    "shapes": shapes,
+                    "tp_degree": self.tp_degree,
+                    "model": type(instance).__name__,
+                }
                 with open(hlo, "w", encoding="utf-8") as handle:
-                    json.dump({"owner": token, "key": key, "bucket_rank": bucket_rank, "shapes": shapes}, handle)
+                    json.dump({"owner": token, "module": module}, handle)
                 written.append(hlo)
+                cache_keys[hlo] = get_hash_module(
+                    json.dumps(module, sort_keys=True), bucket_flags(container["compiler_args"], output_dir)
+                )
                 programs[key].append(
                     {"bucket_rank": bucket_rank, "input_shapes": shapes, "compiler_args": container["compiler_args"]}
                 )
@@ -153,11 +179,19 @@ class ModelBuilder:
         delay = float(os.environ.get("FAKE_NXD_COMPILE_DELAY_S", "0") or 0)
         if delay > 0:
             time.sleep(delay)
+        cache = persistent_cache_dir()
         for hlo in written:
             self._check_owned(hlo, token)
             output_dir = os.path.dirname(os.path.dirname(hlo))
-            with open(os.path.join(output_dir, LOG_FILE_DEFAULT_NAME), "w", encoding="utf-8") as handle:
-                handle.write("fake neuronx-cc: compiled\n")
+            cached = os.path.join(cache, f"MODULE_{cache_keys[hlo]}", NEFF_FILE)
+            hit = os.path.isfile(cached)
+            _record("neff", key=cache_keys[hlo], cache="hit" if hit else "miss", workdir=self.compiler_workdir)
+            if not hit:
+                with open(os.path.join(output_dir, LOG_FILE_DEFAULT_NAME), "w", encoding="utf-8") as handle:
+                    handle.write("fake neuronx-cc: compiled\n")
+                os.makedirs(os.path.dirname(cached), exist_ok=True)
+                with open(cached, "wb") as handle:
+                    handle.write(b"FAKE-NEFF cached")
             with open(os.path.join(output_dir, NEFF_FILE), "wb") as handle:
                 handle.write(b"FAKE-NEFF " + token.encode())
             with open(os.path.join(output_dir, "metaneff.pb"), "wb") as handle:
@@ -198,6 +232,38 @@ class ModelBuilder:
                 save_file(shard, os.path.join(serialize_path, f"tp{rank}_sharded_checkpoint.safetensors"), metadata)
             shards.append(shard)
         return shards
+
+
+def bucket_flags(compiler_args: str, output_dir: str) -> str:
+    """The flags one bucket is compiled with: the model's, its log file's absolute path, the NEFF wrapper."""
+    flags = compiler_args
+    if "--logfile" not in flags:
+        flags += f" --logfile={Path(os.path.join(output_dir, LOG_FILE_DEFAULT_NAME)).absolute()}"
+    return flags + " --enable-internal-neff-wrapper"
+
+
+def get_hash_module(hlo_text: str, flags: str | None) -> str:
+    """model_builder.py get_hash_module: sha256 of the HLO text and the flags without spaces."""
+    text = hlo_text + (flags.replace(" ", "") if flags is not None else "")
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+
+
+def persistent_cache_dir() -> str:
+    """Where libneuronxla keeps compiled NEFFs: --cache_dir in NEURON_CC_FLAGS, else
+    NEURON_COMPILE_CACHE_URL, else /var/tmp/neuron-compile-cache."""
+    for flag in shlex.split(os.environ.get("NEURON_CC_FLAGS", "")):
+        if flag.startswith("--cache_dir="):
+            return flag.split("=", 1)[1]
+    return os.environ.get("NEURON_COMPILE_CACHE_URL") or "/var/tmp/neuron-compile-cache"
+
+
+def _record(call: str, **fields: Any) -> None:
+    """A line in $FAKE_NEURONX_CALL_LOG, as the NxDI fake's call log writes them ("fake": "nxd")."""
+    path = os.environ.get("FAKE_NEURONX_CALL_LOG")
+    if path:
+        line = json.dumps({"call": call, "fake": "nxd", "pid": os.getpid(), **fields}, default=str, sort_keys=True)
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(line + "\n")
 
 
 def shard_for_rank(checkpoint: dict[str, torch.Tensor], rank: int, tp_degree: int) -> dict[str, torch.Tensor]:
