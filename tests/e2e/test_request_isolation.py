@@ -302,3 +302,26 @@ def test_a_hostile_schema_is_a_400_and_its_compile_leaves_the_bystander_its_pace
         probe("a small schema", CHAT, base_body(CHAT, response_format=_schema_format(SMALL_SCHEMA)), "served"),
     ]
     check(server, request, probes)
+
+
+# -- 6. a schema with no finite document (issue 29) ----------------------------------------
+RECURSIVE_SCHEMAS = {
+    "$ref to the root": {"$ref": "#"},
+    "anyOf of the root": {"anyOf": [{"$ref": "#"}]},
+    "a $defs cycle": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    "a required property that is the root": {
+        "type": "object",
+        "properties": {"child": {"$ref": "#"}},
+        "required": ["child"],
+    },
+}
+
+
+def test_a_schema_with_no_finite_document_is_a_400_not_an_empty_200(server: TorchServe, request: pytest.FixtureRequest):
+    """These compile, then the grammar engine gives up at the first tokens of any output: before,
+    a 200 with `finish_reason: stop` and text that does not validate ("" or "{")."""
+    probes = [
+        probe(name, CHAT, base_body(CHAT, response_format=_schema_format(schema)), field="response_format")
+        for name, schema in RECURSIVE_SCHEMAS.items()
+    ]
+    check(server, request, probes)
