@@ -118,7 +118,7 @@ def test_a_crafted_model_name_stays_inside_its_sse_event(server):
     assert all(event["model"] == body["model"] for event in got[:-1])
 
 
-# -- one body rule on every served config (README "Request format") -----------------------
+# -- one body rule on every served config (docs/native.md) -----------------------
 @pytest.mark.parametrize("body", ["42", "null", '"Today the weather is"', "Today the weather is"])
 def test_the_body_decides_not_the_content_type(server, body):
     """With decode_input_request=false the handler sees the bytes: JSON-typed or not, same answer."""
