@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handler.api.native import NativeApi
+from handler.engine.interface import Engine
 from handler.engine.sequence import Sequence
 from handler.engine.step_engine import StepEngine, Update
 from handler.errors import EngineError, ServingError
@@ -94,8 +95,11 @@ class ContinuousServing:
         settings = service.config.scheduler
         backend = service.backend
         self.replicas: ReplicaSet | None = backend.replicas if isinstance(backend, ReplicatedModel) else None
-        self.engine: StepEngine | ReplicaSet = self.replicas or StepEngine(backend, settings.prefill_token_budget)
-        self.overlap = settings.overlap or self.replicas is not None  # replicas always step on their own
+        # Without overlap (and so without replicas, which always step on their own) this thread runs
+        # each step itself: `_inline` is that StepEngine.
+        self._inline = None if self.replicas else StepEngine(backend, settings.prefill_token_budget)
+        self.engine: Engine = self.replicas or self._inline
+        self.overlap = settings.overlap or self.replicas is not None
         self._failed: FailedServing | None = None  # a replica gave up starting: the worker fails
         self._health_lock = threading.Lock()
         self.step_timeout_s = service.config.handler.step_timeout_s
@@ -161,7 +165,8 @@ class ContinuousServing:
             if compiling:
                 self._settle_compiling(ids)
         else:
-            self.engine.step()
+            assert self._inline is not None
+            self._inline.step()
         stuck = self.engine.step_running_for()
         if stuck > self.step_timeout_s:  # a hung device call: answer now rather than hang every client
             logger.error("a model step has been running for %.0f s (step_timeout_s %.0f)", stuck, self.step_timeout_s)

@@ -1,0 +1,42 @@
+"""What the serving layer calls on an engine: the one `StepEngine` of a worker, or the
+`ReplicaSet` that drives R of them in replica processes (handler/replicas/). Both satisfy it;
+`serving/continuous.py` knows only this."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from handler.engine.outbox import Update
+from handler.engine.sequence import Sequence
+from handler.engine.step_engine import StepRecord
+from handler.errors import ServingError
+
+
+class Engine(Protocol):
+    steps: int  # steps run so far; `wait` wakes after the next one
+    on_idle: Callable[[], None] | None  # called from the stepping thread when a step left it idle
+
+    @property
+    def occupied(self) -> int: ...
+
+    @property
+    def waiting(self) -> int: ...
+
+    def submit(self, sequence: Sequence) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def fail_all(self, error: ServingError) -> None: ...
+
+    def take(self, request_ids: Iterable[str]) -> dict[str, Update]: ...
+
+    def wait(self, request_ids: Iterable[str], after_step: int, timeout_s: float) -> None: ...
+
+    def take_records(self) -> list[StepRecord]: ...
+
+    def step_running_for(self) -> float: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
