@@ -22,12 +22,13 @@ from handler.backends.base import Backend
 from handler.backends.loader import load_backend
 from handler.config import ServingConfig
 from handler.engine.sequence import Sequence
-from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError, UnsupportedMediaType
+from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError
 from handler.grammar import matchers
 from handler.grammar.compiler import ConstraintCompiler, PendingConstraint
 from handler.replicas.model import ReplicatedModel, start_replicas
 from handler.request import GenerationRequest, Limits
 from handler.serving.grpc_jobs import is_grpc
+from handler.serving.intake_checks import check_body_form, fewest_tokens, longest_token_chars
 from handler.serving.metrics import TokenMetrics, arrival_time
 
 logger = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ class GenerationService:
     def _encoded(self, request: GenerationRequest, api: Api) -> list[int]:
         """The prompt's token ids; text the tokenizer refuses is the client's 400, not our 500. A
         prompt too long to fit however it tokenizes is refused before any of it is tokenized."""
-        fewest = _fewest_tokens(request.prompt, self._longest_token_chars)
+        fewest = fewest_tokens(request.prompt, self._longest_token_chars)
         if fewest > self.backend.n_positions:
             param = api.wire_name("prompt")
             raise InvalidRequest(
@@ -294,56 +295,6 @@ class GenerationService:
     def close(self) -> None:
         self.constraints.close()
         self.backend.close()
-
-
-FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
-
-
-def check_body_form(context: Any, index: int) -> None:
-    """A body the frontend hands over in a form the handler cannot read as sent is a 415 naming the
-    header: compressed (TorchServe passes the bytes on undecoded) or form-encoded (the frontend
-    splits it into form fields, and a JSON body is lost)."""
-    headers = {str(k).lower(): v for k, v in (_all_headers(context, index) or {}).items()}
-    encoding = str(headers.get("content-encoding") or "").strip()
-    if encoding and encoding.lower() != "identity":
-        raise UnsupportedMediaType(
-            f"Content-Encoding '{printable(encoding)[:40]}' is not accepted: send the body uncompressed",
-            "Content-Encoding",
-        )
-    content_type = str(headers.get("content-type") or "").split(";")[0].strip().lower()
-    if content_type in FORM_TYPES:
-        raise UnsupportedMediaType(
-            f"Content-Type '{content_type}' is not accepted: send JSON with Content-Type: application/json "
-            "(or plain text)",
-            "Content-Type",
-        )
-
-
-def _all_headers(context: Any, index: int) -> dict[str, Any] | None:
-    try:
-        return context.get_all_request_header(index)
-    except (AttributeError, IndexError, TypeError):  # a context without headers (tests, 0.11 re-sends)
-        return None
-
-
-def longest_token_chars(tokenizer: Any) -> int | None:
-    """The most characters one token of the vocabulary stands for (its spelling in the vocabulary:
-    a byte-level token is spelt one character per byte, never fewer than the text it decodes to),
-    special tokens included; None when the tokenizer has no vocabulary to read."""
-    try:
-        vocab = tokenizer.get_vocab()
-    except Exception:  # a tokenizer without a readable vocabulary: no bound, tokenize everything
-        return None
-    return max((len(token) for token in vocab), default=None)
-
-
-def _fewest_tokens(text: str, longest_token_chars: int | None) -> int:
-    """A lower bound on the tokens of `text`: no token covers more than `longest_token_chars`
-    characters. Halved, for a normalizer that drops characters before tokenizing (a refused prompt
-    must be a prompt that could never fit): tokenizing costs at most twice the longest prompt."""
-    if not longest_token_chars:
-        return 0
-    return len(text) // (2 * longest_token_chars)
 
 
 def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:
