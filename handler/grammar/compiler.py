@@ -29,33 +29,38 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
+class _Start:
+    """When a thread began compiling a constraint (time.monotonic()); None while it is queued."""
+
+    at: float | None = None
+
+
+@dataclass
 class PendingConstraint:
     """One request's constraint on its way through the pool. Its time budget runs from the moment a
     thread starts compiling it: a request queued behind hostile schemas waits (the queue is bounded:
     `ConstraintCompiler.busy`), it is not refused for their time."""
 
+    future: Future[str | None]
     timeout_s: float
-    future: Future[str | None] | None = None
-    started_at: float | None = None  # time.monotonic(), set by the compiling thread
+    start: _Start
 
     def problem(self) -> str | None:
         """Why the constraint cannot be enforced, None when it can. Call once `done`."""
-        assert self.future is not None
         if not self.future.done():
             return "the constraint was not compiled within its time budget; simplify the schema or grammar"
         return self.future.result()
 
     @property
     def done(self) -> bool:
-        assert self.future is not None
-        started = self.started_at
+        started = self.start.at
         return self.future.done() or (started is not None and time.monotonic() - started >= self.timeout_s)
 
     def wait(self) -> None:
         """Until the compile ended or ran past its budget."""
         while not self.done:
             with contextlib.suppress(TimeoutError):
-                self.future.result(timeout=WAIT_POLL_S)  # type: ignore[union-attr]
+                self.future.result(timeout=WAIT_POLL_S)
 
 
 WAIT_POLL_S = 0.05
@@ -104,13 +109,13 @@ class ConstraintCompiler:
         return len(self._pending) >= self.max_pending
 
     def submit(self, constraint: Constraint) -> PendingConstraint:
-        pending = PendingConstraint(self.timeout_s)
-        pending.future = self._pool.submit(self._problem, constraint, pending)
-        self._pending.add(pending.future)
-        return pending
+        start = _Start()
+        future = self._pool.submit(self._problem, constraint, start)
+        self._pending.add(future)
+        return PendingConstraint(future, self.timeout_s, start)
 
-    def _problem(self, constraint: Constraint, pending: PendingConstraint) -> str | None:
-        pending.started_at = time.monotonic()
+    def _problem(self, constraint: Constraint, start: _Start) -> str | None:
+        start.at = time.monotonic()
         started = time.perf_counter()
         try:
             grammar = llguidance_grammar(constraint)
