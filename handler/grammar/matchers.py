@@ -27,10 +27,10 @@ MATCHER_BYTES_PER_GRAMMAR_CHAR = 24
 MATCHER_BASE_BYTES = 64 * 1024
 PROBE_STEPS = 16  # tokens of a constraint walked on receipt (handler/grammar/compiler.py)
 ERROR_LIMIT = 300  # characters of a grammar engine's error quoted back to the client
+TRIM_AFTER_BYTES = 8 * 2**20  # evictions at least this large give the freed pages back to the OS
 
 _lock = threading.Lock()
 _views: dict[tuple[int, int | None, tuple[int, ...]], tuple[Any, Any]] = {}
-TRIM_AFTER_BYTES = 8 * 2**20
 
 
 def _give_back_freed_memory(evicted: int) -> None:
