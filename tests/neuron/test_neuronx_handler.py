@@ -73,7 +73,7 @@ def test_n_slots_is_the_compiled_batch_and_micro_batch_size_is_not(fake_neuronx,
         ({"neuronx": {"context_length_estimate": [64, 256]}}, "context_length_estimate: [128, 256] -> [64, 256]"),
         ({"neuronx": {"compiler_flags": ["-O1"]}}, "compiler_flags"),
         ({"env": {"FAKE_NEURONXCC_VERSION": "2.16.0.0+fake"}}, "neuronx_cc: '2.15.128.0+fake' -> '2.16.0.0+fake'"),
-        ({"n_slots": 4}, "continuous_batching: {'max_num_seqs': 2} -> {'max_num_seqs': 4}"),
+        ({"n_slots": 4}, "continuous_batching.max_num_seqs: 2 -> 4"),
     ],
 )
 def test_manifest_mismatch_recompiles(

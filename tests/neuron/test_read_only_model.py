@@ -105,7 +105,7 @@ def rename_neffs(checkpoint: Path) -> None:
     ("prepare", "change", "what_differs"),
     [
         (None, {}, "no compiled artifacts in"),
-        ("compile", {"n_slots": 4}, "manifest mismatch (batch_size: 2 -> 4; continuous_batching: "),
+        ("compile", {"n_slots": 4}, "manifest mismatch (batch_size: 2 -> 4; continuous_batching.max_num_seqs: 2 -> 4)"),
         ("compile", {"neuronx": {"context_length_estimate": [64, 256]}}, "[128, 256] -> [64, 256]"),
         ("rename", {}, "saved artifacts do not fit (Could not find a matching NEFF"),
     ],
