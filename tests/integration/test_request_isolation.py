@@ -130,7 +130,7 @@ def test_a_constraint_compiled_on_receipt_is_only_copied_in_its_prefill(frontend
     }
     (reply,) = frontend.serve([body], [CHAT])
     assert reply.status == 200, reply.body
-    assert built_on == ["grammar-compile_0"]  # built once, on the pool; the step copied it
+    assert len(built_on) == 1 and built_on[0].startswith("grammar-compile")  # built once, on the pool
 
 
 def test_n_beyond_the_slots_is_a_400_naming_n(frontend):
