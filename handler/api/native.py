@@ -141,6 +141,8 @@ class NativeApi(Api):
         return _build(prompt, params, stream, limits)
 
     def wire_name(self, field: str) -> str:
+        if field == "constraint":  # the native body's constraint is TGI's `grammar` object
+            return "grammar"
         return self.prompt_logprobs_field if field == "prompt_logprobs" else field
 
     def content_type(self, request: GenerationRequest) -> str:

@@ -22,10 +22,9 @@ import pytest
 from tests.e2e.isolation import (
     CHAT,
     COMPLETIONS,
-    GENERATE,
-    GENERATE_STREAM,
     NATIVE,
     ROUTES,
+    TGI_ROUTES,
     Probe,
     Raw,
     Route,
@@ -42,7 +41,6 @@ pytestmark = pytest.mark.e2e
 
 STOP_ANSWER_S = 2.0  # "answered at once": parsing and refusing a 1 MB body takes milliseconds
 OPENAI_ROUTES = (COMPLETIONS, CHAT)
-TGI_ROUTES = (GENERATE, GENERATE_STREAM)
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +239,7 @@ def test_json_nested_deeper_than_64_levels_is_a_400_on_every_route(server: Torch
 def stop_probes() -> list[Probe]:
     """More than 16 stop strings or 4,096 characters in all: refused at once, naming `stop`."""
     found: list[Probe] = []
-    for route in (NATIVE, COMPLETIONS, CHAT, GENERATE):
+    for route in (NATIVE, COMPLETIONS, CHAT, *TGI_ROUTES[:1]):
         found += [
             probe("17 stop strings", route, base_body(route, stop=[f"s{i}" for i in range(17)]), field="stop"),
             probe(
@@ -295,10 +293,19 @@ def test_a_hostile_schema_is_a_400_and_its_compile_leaves_the_bystander_its_pace
         ),
         probe(
             "12,000 optional properties",
-            GENERATE,
-            base_body(GENERATE, grammar={"type": "json", "value": HOSTILE_SCHEMA}),
+            NATIVE,
+            base_body(NATIVE, grammar={"type": "json", "value": HOSTILE_SCHEMA}),
             field="grammar",
         ),
+        *[
+            probe(
+                "12,000 optional properties",
+                route,
+                base_body(route, grammar={"type": "json", "value": HOSTILE_SCHEMA}),
+                field="grammar",
+            )
+            for route in TGI_ROUTES[:1]
+        ],
         probe("a small schema", CHAT, base_body(CHAT, response_format=_schema_format(SMALL_SCHEMA)), "served"),
     ]
     check(server, request, probes)
