@@ -1,14 +1,14 @@
-"""What the Neuron backends (neuronx, nxdi) share: the checkpoint's facts, the SDK versions a
-manifest records, default buckets, this process's NeuronCores, and the slots of a compiled
-batch with the checks the step contract's calls must pass against them. Both SDKs corrupt a
-live slot's KV when a decode leaves it out, so a decode must name every live slot; both
+"""What the Neuron LLM backends (neuronx, nxdi) share on top of the device lifecycle
+(handler/backends/device_backend.py): the checkpoint's facts, default buckets, the slots of a
+compiled batch with the checks the step contract's calls must pass against them, and
+`SlotDeviceBackend`, the start-up sequence and the slot bookkeeping both run. Both SDKs corrupt
+a live slot's KV when a decode leaves it out, so a decode must name every live slot; both
 compile fixed positions and prompt buckets."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import logging
+import time
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +16,15 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from handler.backends.base import SlotRequest, clamp_n_positions
+from handler.backends.base import Backend, SlotRequest, clamp_n_positions
+from handler.backends.device_backend import DeviceBackend
+from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
+from handler.backends.sampling import BatchSampler
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
-from handler.neuron.cores import CorePlacement, claim
-from handler.neuron.environment import pin_cores
-
-logger = logging.getLogger(__name__)
+from handler.config import ServingConfig
+from handler.errors import ConfigError
+from handler.neuron.memory import Layout
+from handler.request import GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -54,42 +57,6 @@ def default_buckets(n_positions: int) -> list[int]:
         buckets.append(size)
         size *= 2
     return [*buckets, n_positions]
-
-
-def package_version(distribution: str, module: Any) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return getattr(module, "__version__", None)
-
-
-def compiler_version() -> str | None:
-    try:
-        return package_version("neuronx-cc", importlib.import_module("neuronxcc"))
-    except ImportError:
-        return None
-
-
-def place_process(
-    backend: str, tp_degree: int, num_cores: int | None, gpu_id: int | None, workers: int, cores: Sequence[int] | None
-) -> CorePlacement:
-    """This process's NeuronCores, pinned before the SDK is imported: `cores` when its worker gave
-    a replica some (the worker holds their locks), else claimed here (handler/neuron/cores.py)."""
-    if cores is not None:
-        placement, within = CorePlacement(tuple(cores), "given by this replica's worker"), "the worker's cores"
-    else:
-        placement, within = claim(gpu_id, workers, tp_degree, num_cores)
-    pin_cores(placement.visible_cores)
-    logger.info(
-        "%s: NeuronCores %s for this process (%s; %d worker(s) x tp_degree %d within %s)",
-        backend,
-        placement.visible_cores,
-        placement.how,
-        workers,
-        tp_degree,
-        within,
-    )
-    return placement
 
 
 @dataclass
@@ -141,3 +108,113 @@ class LiveSlots(dict[int, LiveSlot]):
                     "max_new_tokens"
                 )
         return states
+
+
+class SlotDeviceBackend(DeviceBackend, Backend):
+    """An LLM compiled for NeuronCores with `n_slots` sequence slots, driven a step at a time.
+    Start-up, in order: the checkpoint's facts, the buckets (`_plan_buckets`, the SDK's), the
+    host sampler, the memory-fit check (before any core is claimed or the model loads), the live
+    slots, then the device lifecycle (placement, load or compile). The SDK subclass adds its
+    prefill, decode and warm-up calls; release and close are the same for both."""
+
+    decode_trap: str  # what the SDK does to a live slot a decode leaves out (said when one is refused)
+    context_buckets: list[int]  # the compiled prompt lengths; the largest is the longest prompt
+
+    def __init__(
+        self,
+        config: ServingConfig,
+        checkpoint: Path,
+        gpu_id: int | None = None,
+        workers: int = 1,
+        cores: Sequence[int] | None = None,
+    ) -> None:
+        handler = config.handler
+        self.settings = getattr(handler, self.name)  # its section: handler.neuronx, handler.nxdi
+        self.checkpoint = checkpoint
+        self.tp_degree = handler.tp_degree
+        self.amp = handler.amp
+        self.n_slots = config.scheduler.n_slots
+        facts = CheckpointFacts.read(checkpoint, handler.trust_remote_code, handler.n_positions)
+        self.tokenizer, self.hf_config = facts.tokenizer, facts.hf_config
+        self.eos_token_ids, self.vocab_size, self.n_positions = facts.eos_token_ids, facts.vocab_size, facts.n_positions
+        self.context_buckets = self._plan_buckets()
+        self.max_prompt_tokens = self.context_buckets[-1]
+        self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
+        if self.settings.memory_check:  # before any core is claimed or the model loads
+            layout = Layout(
+                self.tp_degree,
+                self.n_slots,
+                self.n_positions,
+                weight_dtype(self.amp, self._int8_weights()),
+                amp_dtype(self.amp),
+                gqa=self._gqa(),
+                sdk=self.name,
+            )
+            check_memory_fit(self.name, checkpoint, layout)
+        self._live = LiveSlots(self.name, self.n_slots, self.n_positions, self.decode_trap)
+        self._place_and_start(gpu_id, workers, cores)
+
+    # -- the SDK's part of the start ------------------------------------------------------
+    @abstractmethod
+    def _plan_buckets(self) -> list[int]:
+        """The context buckets (with `_checked_buckets`), after any other bucket the SDK compiles."""
+
+    @abstractmethod
+    def _int8_weights(self) -> bool:
+        """Whether the configuration quantizes the weights to int8 (for the memory check)."""
+
+    def _gqa(self) -> str | None:
+        """The SDK's group-query-attention sharding (for the memory check); None: its default."""
+        return None
+
+    def _checked_buckets(self, configured: list[int] | None, key: str) -> list[int]:
+        """`handler.<name>.<key>`, or powers of two up to n_positions; none may exceed n_positions."""
+        buckets = configured or default_buckets(self.n_positions)
+        if buckets[-1] > self.n_positions:
+            raise ConfigError(
+                f"model-config.yaml: handler.{self.name}.{key}: bucket {buckets[-1]} is above n_positions "
+                f"({self.n_positions}); keep every bucket <= n_positions"
+            )
+        return buckets
+
+    # -- serving ---------------------------------------------------------------------------
+    @property
+    def samples_on_host(self) -> bool:
+        """Whether the host's BatchSampler picks the tokens (the device returns logits)."""
+        return True
+
+    @property
+    def sampling_s(self) -> float:
+        return self.sampler.last_s if self.samples_on_host else 0.0
+
+    def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
+        return self.sampler.refusal(request)
+
+    def release(self, slot: int) -> None:
+        self._live.pop(slot, None)
+        self.sampler.remove(slot)
+
+    def warmup(self) -> None:
+        """With host sampling the sampler's grammar masks are built first, whatever `warmup` says
+        (host work, seconds at most); then `_warm_up`, the SDK's calls, unless `warmup` is off.
+        Every slot is free again afterwards, whether it worked or not."""
+        if self.samples_on_host:
+            self.sampler.warmup()
+        if not self.settings.warmup:
+            return
+        started = time.perf_counter()
+        try:
+            what = self._warm_up()
+        finally:
+            for slot in range(self.n_slots):
+                self.release(slot)
+        self._logger.info("%s: warm-up %s in %.1f s", self.name, what, time.perf_counter() - started)
+
+    @abstractmethod
+    def _warm_up(self) -> str:
+        """Run each compiled kernel once through the step contract; what ran, for the log line."""
+
+    def close(self) -> None:
+        for slot in list(self._live):
+            self.release(slot)
+        super().close()

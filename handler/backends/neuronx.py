@@ -58,38 +58,23 @@ import dataclasses
 import gc
 import hashlib
 import importlib
-import importlib.metadata
 import logging
 import os
 import shlex
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from handler.backends.base import Backend, SlotRequest
-from handler.backends.device_slots import (
-    CheckpointFacts,
-    LiveSlot,
-    LiveSlots,
-    compiler_version,
-    default_buckets,
-    package_version,
-    place_process,
-)
-from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
-from handler.backends.sampling import BatchSampler, prompt_logprobs
-from handler.config import ServingConfig
+from handler.backends.base import SlotRequest
+from handler.backends.device_backend import compiler_version, package_version
+from handler.backends.device_slots import LiveSlot, SlotDeviceBackend
+from handler.backends.sampling import prompt_logprobs
 from handler.errors import ConfigError
 from handler.neuron import artifacts, options
 from handler.neuron.config import MIN_BUCKET, NeuronxConfig
-from handler.neuron.cores import CorePlacement
-from handler.neuron.environment import CacheLocation, configure_compiler
-from handler.neuron.load_or_compile import Recipe, load_or_compile
-from handler.neuron.memory import Layout
-from handler.request import GenerationRequest, TokenChoice
+from handler.request import TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -97,83 +82,35 @@ logger = logging.getLogger(__name__)
 PAD_ID = 0
 
 
-def context_buckets(neuronx: NeuronxConfig, n_positions: int) -> list[int]:
-    buckets = neuronx.context_length_estimate or default_buckets(n_positions)
-    if buckets[0] < MIN_BUCKET:  # only the default can get here (the config validates a list)
-        raise ConfigError(
-            f"model-config.yaml: handler.n_positions: {n_positions} makes a prompt bucket below {MIN_BUCKET} tokens; "
-            f"use n_positions >= {MIN_BUCKET}"
-        )
-    if buckets[-1] > n_positions:
-        raise ConfigError(
-            f"model-config.yaml: handler.neuronx.context_length_estimate: bucket {buckets[-1]} is above n_positions "
-            f"({n_positions}); keep every bucket <= n_positions"
-        )
-    return buckets
-
-
-class NeuronxBackend(Backend):
+class NeuronxBackend(SlotDeviceBackend):
     name = "neuronx"
+    settings: NeuronxConfig
+    decode_trap = "the decode kernel runs all slots and overwrites position 0 of the KV of every slot left out"
 
-    def __init__(
-        self,
-        config: ServingConfig,
-        checkpoint: Path,
-        gpu_id: int | None = None,
-        workers: int = 1,
-        cores: Sequence[int] | None = None,
-    ) -> None:
-        """`cores`: the NeuronCores a replica was given by its worker, which holds their locks
-        (handler/replicas/); without them the backend claims its own (handler/neuron/cores.py)."""
-        handler = config.handler
-        self.settings = handler.neuronx
-        self.checkpoint = checkpoint
-        self.tp_degree = handler.tp_degree
-        self.amp = handler.amp
-        self.n_slots = config.scheduler.n_slots
-        self.model: Any = None
-        self.placement: CorePlacement | None = None
-        facts = CheckpointFacts.read(checkpoint, handler.trust_remote_code, handler.n_positions)
-        self.tokenizer, hf_config = facts.tokenizer, facts.hf_config
-        self.eos_token_ids, self.vocab_size, self.n_positions = facts.eos_token_ids, facts.vocab_size, facts.n_positions
-        self.output_all_logits = self.settings.output_all_logits
-        self.buckets = context_buckets(self.settings, self.n_positions)
-        self.max_prompt_tokens = self.buckets[-1]
-        self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
-        if self.settings.memory_check:  # before any core is claimed or the model loads
-            layout = Layout(
-                self.tp_degree,
-                self.n_slots,
-                self.n_positions,
-                weight_dtype(self.amp, int8=self.settings.quantize_weights is not None),
-                amp_dtype(self.amp),
-                gqa=self.settings.group_query_attention,
-                sdk="neuronx",
+    def _plan_buckets(self) -> list[int]:
+        buckets = self._checked_buckets(self.settings.context_length_estimate, "context_length_estimate")
+        if buckets[0] < MIN_BUCKET:  # only the default can get here (the config validates a list)
+            raise ConfigError(
+                f"model-config.yaml: handler.n_positions: {self.n_positions} makes a prompt bucket below {MIN_BUCKET} "
+                f"tokens; use n_positions >= {MIN_BUCKET}"
             )
-            check_memory_fit("neuronx", checkpoint, layout)
+        return buckets
 
-        self._live = LiveSlots(
-            "neuronx",
-            self.n_slots,
-            self.n_positions,
-            "the decode kernel runs all slots and overwrites position 0 of the KV of every slot left out",
-        )
-        self.placement = place_process("neuronx", self.tp_degree, self.settings.num_cores, gpu_id, workers, cores)
-        try:
-            self._start(hf_config)
-        except BaseException:
-            self.close()  # a worker that failed to start gives its cores back at once
-            raise
+    def _int8_weights(self) -> bool:
+        return self.settings.quantize_weights is not None
 
-    def _start(self, hf_config: Any) -> None:
-        self.cache = CacheLocation.resolve(self.settings.cache_dir, self.checkpoint, self.settings.compile_cache)
-        logger.info("neuronx: compile cache: %s", configure_compiler(self.settings.compiler_flags, self.cache))
+    def _gqa(self) -> str | None:
+        return self.settings.group_query_attention
 
+    @property
+    def output_all_logits(self) -> bool:
+        return self.settings.output_all_logits
+
+    def _prepare(self) -> dict[str, Any]:
         self.tnx = importlib.import_module("transformers_neuronx")  # after the environment is set
         self.model_cls = self._model_class()
         self.neuron_config = options.build(self.tnx.NeuronConfig, self._neuron_config_options())
-        self.expected = self.manifest_inputs(hf_config)
-        self.model, self.path_taken = self._load_or_compile()
+        return self.manifest_inputs()
 
     # -- configuration ---------------------------------------------------------------
     def _model_class(self) -> type:
@@ -213,7 +150,7 @@ class NeuronxBackend(Backend):
             )
         return chosen
 
-    def manifest_inputs(self, hf_config: Any) -> dict[str, Any]:
+    def manifest_inputs(self) -> dict[str, Any]:
         """Everything the compiled NEFFs depend on (the weights are loaded separately, so not them)."""
         flags = shlex.split(os.environ.get("NEURON_CC_FLAGS", ""))
         config_json = (self.checkpoint / "config.json").read_bytes()
@@ -227,7 +164,7 @@ class NeuronxBackend(Backend):
             "tp_degree": self.tp_degree,
             "amp": self.amp,
             "n_positions": self.n_positions,
-            "context_length_estimate": self.buckets,
+            "context_length_estimate": self.context_buckets,
             "neuron_config": {
                 "group_query_attention": self.settings.group_query_attention,
                 "quantize_weights": self.settings.quantize_weights,
@@ -245,7 +182,7 @@ class NeuronxBackend(Backend):
             "tp_degree": self.tp_degree,
             "amp": self.amp,
             "n_positions": self.n_positions,
-            "context_length_estimate": self.buckets,
+            "context_length_estimate": self.context_buckets,
             "neuron_config": self.neuron_config,
         }
         try:
@@ -297,7 +234,7 @@ class NeuronxBackend(Backend):
             self.tp_degree,
             self.amp,
             self.n_positions,
-            self.buckets,
+            self.context_buckets,
         )
         try:
             artifacts.save(self.cache.artifacts_dir, self.expected, model.save)
@@ -310,18 +247,6 @@ class NeuronxBackend(Backend):
             )
         return model
 
-    def _load_or_compile(self) -> tuple[Any, str]:
-        return load_or_compile(
-            Recipe(
-                backend="neuronx",
-                folder=self.cache.artifacts_dir,
-                expected=self.expected,
-                load=self._load,
-                compile=self._compile,
-                compile_on_start=self.settings.compile_on_start,
-            )
-        )
-
     # -- serving: the step contract ------------------------------------------------------
     def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
         if prompt_logprobs and not self.output_all_logits:
@@ -331,15 +256,8 @@ class NeuronxBackend(Backend):
             )
         return None
 
-    def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
-        return self.sampler.refusal(request)
-
-    @property
-    def sampling_s(self) -> float:
-        return self.sampler.last_s
-
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
-        self._live.check_prefill(requests, self.buckets)
+        self._live.check_prefill(requests, self.context_buckets)
         if not requests:
             return []
         encoded = [self._encode(request.slot, request.prompt_ids) for request in requests]
@@ -374,10 +292,6 @@ class NeuronxBackend(Backend):
             state.token, state.position = choice.token_id, state.position + 1
         return choices
 
-    def release(self, slot: int) -> None:
-        self._live.pop(slot, None)
-        self.sampler.remove(slot)
-
     def _encode(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
         """The context encoding of one prompt into the slot's KV line: logits [positions, vocab] whose last
         row is the prompt's last token's. Without output_all_logits the SDK returns only that row ([1, vocab]);
@@ -395,38 +309,23 @@ class NeuronxBackend(Backend):
         return rows[: len(prompt), : self.vocab_size] if self.vocab_size else rows[: len(prompt)]
 
     def _forward(self, input_ids: torch.Tensor, cache_ids: torch.Tensor, start_ids: torch.Tensor) -> torch.Tensor:
-        if self.model is None:
-            raise RuntimeError("neuronx backend is closed")
+        model = self._running_model()
         with torch.inference_mode():
-            return self.model.forward(input_ids, cache_ids=cache_ids, start_ids=start_ids)
+            return model.forward(input_ids, cache_ids=cache_ids, start_ids=start_ids)
 
-    def warmup(self) -> None:
+    def _warm_up(self) -> str:
         """Per context bucket: a prompt of that length prefilled into slot 0 and one decode step over all
-        slots (the others hold 1-token prompts), so that no user request pays a kernel's first run. The
-        sampler's grammar masks are built first, whatever `warmup` says (host work, seconds at most)."""
-        self.sampler.warmup()
-        if not self.settings.warmup:
-            return
-        started = time.perf_counter()
+        slots (the others hold 1-token prompts), so that no user request pays a kernel's first run."""
         seed_ids = self.encode("Hello") or [self.tokenizer.eos_token_id or 1]
         filler = tuple(seed_ids[:1])
-        try:
-            self._warm("the other slots' 1-token prompts", [SlotRequest(s, filler) for s in range(1, self.n_slots)])
-            for bucket in self.buckets:
-                length = max(1, min(bucket, self.n_positions - 1))  # room for the decode step's position
-                prompt = tuple((seed_ids * length)[:length])
-                self._warm(f"context bucket {bucket} ({length} tokens into slot 0)", [SlotRequest(0, prompt)])
-                self.release(0)
-        finally:
-            for slot in range(self.n_slots):
-                self.release(slot)
-        logger.info(
-            "neuronx: warm-up of %d context bucket(s) %s with a decode step over %d slot(s) in %.1f s",
-            len(self.buckets),
-            self.buckets,
-            self.n_slots,
-            time.perf_counter() - started,
-        )
+        self._warm("the other slots' 1-token prompts", [SlotRequest(s, filler) for s in range(1, self.n_slots)])
+        for bucket in self.context_buckets:
+            length = max(1, min(bucket, self.n_positions - 1))  # room for the decode step's position
+            prompt = tuple((seed_ids * length)[:length])
+            self._warm(f"context bucket {bucket} ({length} tokens into slot 0)", [SlotRequest(0, prompt)])
+            self.release(0)
+        buckets = self.context_buckets
+        return f"of {len(buckets)} context bucket(s) {buckets} with a decode step over {self.n_slots} slot(s)"
 
     def _warm(self, what: str, requests: list[SlotRequest]) -> None:
         try:
@@ -437,11 +336,3 @@ class NeuronxBackend(Backend):
             raise RuntimeError(
                 f"neuronx warm-up failed for {what}, decode over {self.n_slots} slot(s): {type(exc).__name__}: {exc}"
             ) from exc
-
-    def close(self) -> None:
-        for slot in list(self._live):
-            self.release(slot)
-        self.model = None
-        if self.placement is not None:
-            self.placement.release()
-            self.placement = None

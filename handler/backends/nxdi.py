@@ -55,26 +55,13 @@ from typing import Any
 
 import torch
 
-from handler.backends.base import Backend, SlotRequest, SlotRequestError
-from handler.backends.device_slots import (
-    CheckpointFacts,
-    LiveSlot,
-    LiveSlots,
-    compiler_version,
-    default_buckets,
-    package_version,
-    place_process,
-)
-from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
-from handler.backends.sampling import BatchSampler
-from handler.config import ServingConfig
+from handler.backends.base import SlotRequest, SlotRequestError
+from handler.backends.device_backend import compiler_version, package_version
+from handler.backends.device_slots import LiveSlot, SlotDeviceBackend
 from handler.errors import ConfigError
 from handler.neuron import artifacts
 from handler.neuron.checkpoint_identity import STATS_KEY, checkpoint_identity
-from handler.neuron.cores import CorePlacement
-from handler.neuron.environment import CacheLocation, child_environment, configure_compiler
-from handler.neuron.load_or_compile import Recipe, load_or_compile
-from handler.neuron.memory import Layout
+from handler.neuron.environment import child_environment
 from handler.neuron.nxdi_config import NXDI_OPTIONS_KEY, NxdiConfig, device_sampling_refusal, device_sampling_row
 from handler.request import GenerationRequest, SamplingParams, TokenChoice
 
@@ -188,85 +175,33 @@ class _Slot(LiveSlot):
     sampling_row: tuple[float, float, float] = (1.0, 1.0, 1.0)
 
 
-class NxdiBackend(Backend):
+class NxdiBackend(SlotDeviceBackend):
     name = "nxdi"
+    settings: NxdiConfig
+    decode_trap = "NxDI runs a slot left out as a copy of the first row, overwriting its KV"
 
-    def __init__(
-        self,
-        config: ServingConfig,
-        checkpoint: Path,
-        gpu_id: int | None = None,
-        workers: int = 1,
-        cores: Sequence[int] | None = None,
-    ) -> None:
-        handler = config.handler
-        self.settings: NxdiConfig = handler.nxdi
-        self.checkpoint = checkpoint
-        self.tp_degree = handler.tp_degree
-        self.amp = handler.amp
-        self.n_slots = config.scheduler.n_slots
-        self.model: Any = None
-        self.placement: CorePlacement | None = None
-        facts = CheckpointFacts.read(checkpoint, handler.trust_remote_code, handler.n_positions)
-        self.tokenizer, self.eos_token_ids = facts.tokenizer, facts.eos_token_ids
-        self.vocab_size, self.n_positions = facts.vocab_size, facts.n_positions
-        self.context_buckets = self._buckets(self.settings.context_buckets, "context_buckets")
-        self.token_buckets = self._buckets(self.settings.token_buckets, "token_buckets")
-        check_reachable_positions(self.context_buckets, self.token_buckets, self.n_positions)
-        self.max_prompt_tokens = self.context_buckets[-1]
-        self.on_device = self.settings.on_device_sampling
-        self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
-        if self.settings.memory_check:  # before any core is claimed or the model loads
-            int8 = bool(self.settings.neuron_config.get("quantized"))  # NxDI's weight quantization keyword
-            layout = Layout(
-                self.tp_degree,
-                self.n_slots,
-                self.n_positions,
-                weight_dtype(self.amp, int8),
-                amp_dtype(self.amp),
-                sdk="nxdi",
-            )
-            check_memory_fit("nxdi", checkpoint, layout)
+    def _plan_buckets(self) -> list[int]:
+        context_buckets = self._checked_buckets(self.settings.context_buckets, "context_buckets")
+        self.token_buckets = self._checked_buckets(self.settings.token_buckets, "token_buckets")
+        check_reachable_positions(context_buckets, self.token_buckets, self.n_positions)
+        return context_buckets
 
-        self._live = LiveSlots(
-            "nxdi",
-            self.n_slots,
-            self.n_positions,
-            "NxDI runs a slot left out as a copy of the first row, overwriting its KV",
-        )
-        self.placement = place_process("nxdi", self.tp_degree, self.settings.num_cores, gpu_id, workers, cores)
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
+    def _int8_weights(self) -> bool:
+        return bool(self.settings.neuron_config.get("quantized"))  # NxDI's weight quantization keyword
 
-    def _buckets(self, configured: list[int] | None, key: str) -> list[int]:
-        buckets = configured or default_buckets(self.n_positions)
-        if buckets[-1] > self.n_positions:
-            raise ConfigError(
-                f"model-config.yaml: handler.nxdi.{key}: bucket {buckets[-1]} is above n_positions "
-                f"({self.n_positions}); keep every bucket <= n_positions"
-            )
-        return buckets
+    @property
+    def on_device(self) -> bool:
+        return self.settings.on_device_sampling
 
-    def _start(self) -> None:
-        self.cache = CacheLocation.resolve(self.settings.cache_dir, self.checkpoint, self.settings.compile_cache)
-        logger.info("nxdi: compile cache: %s", configure_compiler(self.settings.compiler_flags, self.cache))
+    @property
+    def samples_on_host(self) -> bool:
+        return not self.on_device
+
+    def _prepare(self) -> dict[str, Any]:
         self.sdk = Sdk.load(self.settings.model_class)  # after the environment is set
         self.recipe = self.model_recipe()
         self.sdk.neuron_config(self.recipe)  # unknown keywords fail here, before any compile
-        self.expected = self.manifest_inputs()
-        self.model, self.path_taken = load_or_compile(
-            Recipe(
-                backend="nxdi",
-                folder=self.cache.artifacts_dir,
-                expected=self.expected,
-                load=self._load,
-                compile=self._compile,
-                compile_on_start=self.settings.compile_on_start,
-            )
-        )
+        return self.manifest_inputs()
 
     # -- configuration ---------------------------------------------------------------
     def model_recipe(self) -> ModelRecipe:
@@ -376,10 +311,6 @@ class NxdiBackend(Backend):
         return device_sampling_row(sampling, self.settings.global_topk)
 
     # -- serving: the step contract ------------------------------------------------------
-    @property
-    def sampling_s(self) -> float:
-        return 0.0 if self.on_device else self.sampler.last_s
-
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         self._live.check_prefill(requests, self.context_buckets)
         outputs = []
@@ -455,10 +386,6 @@ class NxdiBackend(Backend):
                     "max_new_tokens",
                 )
 
-    def release(self, slot: int) -> None:
-        self._live.pop(slot, None)
-        self.sampler.remove(slot)
-
     def _last_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] float32: each row's last position, the vocabulary's padding for tp_degree cut off."""
         rows = logits[:, -1, :] if logits.dim() == 3 else logits
@@ -473,10 +400,9 @@ class NxdiBackend(Backend):
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits `[rows, positions, vocab]`, or with on-device sampling the rows' tokens."""
-        if self.model is None:
-            raise RuntimeError("nxdi backend is closed")
+        model = self._running_model()
         with torch.inference_mode():
-            out = self.model(
+            out = model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,  # None: NxDI infers it from position_ids
                 position_ids=position_ids,
@@ -487,33 +413,16 @@ class NxdiBackend(Backend):
         # each row's token (int32); without it `.logits` holds the logits
         return out.tokens if self.on_device else out.logits
 
-    def warmup(self) -> None:
+    def _warm_up(self) -> str:
         """NxDI's load() runs its own warm-up of every bucket; one short request through the step
-        contract checks this backend's side (a prefill and a decode over every slot). With host
-        sampling the sampler's grammar masks are built first, whatever `warmup` says."""
-        if not self.on_device:
-            self.sampler.warmup()
-        if not self.settings.warmup:
-            return
-        started = time.perf_counter()
+        contract checks this backend's side (a prefill and a decode over every slot)."""
         seed_ids = tuple(self.encode("Hello")[:2] or [self.tokenizer.eos_token_id or 1])
         try:
             self.prefill([SlotRequest(slot, seed_ids) for slot in range(self.n_slots)])
             self.decode(list(range(self.n_slots)))
         except Exception as exc:
             raise RuntimeError(f"nxdi warm-up failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            for slot in range(self.n_slots):
-                self.release(slot)
-        logger.info("nxdi: warm-up step over %d slot(s) in %.1f s", self.n_slots, time.perf_counter() - started)
-
-    def close(self) -> None:
-        for slot in list(self._live):
-            self.release(slot)
-        self.model = None
-        if self.placement is not None:
-            self.placement.release()
-            self.placement = None
+        return f"step over {self.n_slots} slot(s)"
 
 
 def check_reachable_positions(context_buckets: list[int], token_buckets: list[int], n_positions: int) -> None:

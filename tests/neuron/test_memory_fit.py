@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import handler.backends.neuronx as neuronx_module
+import handler.backends.device_slots as device_slots_module
 import handler.backends.sim as sim_module
 from handler.backends.sim import SimBackend
 from handler.config import HandlerConfig
@@ -90,7 +90,7 @@ def test_the_configured_layout_is_what_is_checked(checkpoint, start_backend, mon
         assert estimate(ModelShape.from_path(config_path), layout).fits
         raise Checked
 
-    monkeypatch.setattr(neuronx_module, "check_memory_fit", spy)
+    monkeypatch.setattr(device_slots_module, "check_memory_fit", spy)
     model_yaml["handler"]["neuronx"].update(quantize_weights="s8", group_query_attention="replicated-heads")
     with pytest.raises(Checked):
         start_backend(model_yaml)
@@ -109,7 +109,7 @@ def test_a_layout_that_fits_logs_its_estimate_and_memory_check_false_skips_it(
     def refuse(*args: Any) -> None:
         raise AssertionError("the check ran")
 
-    monkeypatch.setattr(neuronx_module, "check_memory_fit", refuse)
+    monkeypatch.setattr(device_slots_module, "check_memory_fit", refuse)
     start_backend(neuronx_yaml(checkpoint, neuronx={"memory_check": False}), warmup=False)
 
 
