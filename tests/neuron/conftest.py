@@ -59,6 +59,17 @@ def fake_neuronx(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Pa
 
 
 @pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """The fakes' tiny forwards on a busy 2-core host run faster on one thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def checkpoint(tiny_model_dir: Path, tmp_path: Path) -> Path:
     """A private copy of the tiny model: compiled artifacts land in <checkpoint>/neuron_cache."""
     target = tmp_path / "model"

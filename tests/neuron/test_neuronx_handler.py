@@ -142,12 +142,6 @@ def test_missing_neff_file_means_recompile(fake_neuronx, checkpoint, start_backe
     assert [c["mode"] for c in calls(fake_neuronx, "to_neuron")] == ["compile", "compile"]
 
 
-def test_compile_on_start_false_refuses_without_artifacts(fake_neuronx, checkpoint, start_backend):
-    with pytest.raises(ConfigError, match="make compile"):
-        start_backend(neuronx_yaml(checkpoint, neuronx={"compile_on_start": False}))
-    assert not calls(fake_neuronx, "to_neuron")
-
-
 def test_two_workers_get_disjoint_core_ranges_from_gpu_id(fake_neuronx, checkpoint, start_backend):
     model_yaml = with_mode(
         neuronx_yaml(checkpoint, workers=2, tp_degree=2, neuronx={"num_cores": 4, "warmup": False}), "static", 2

@@ -5,7 +5,8 @@ The fake models NxDI's traps (shared/pitfalls.md): a decode that leaves out a li
 it as a copy of the first row and overwrites its KV; a full batch ignores seq_ids; a
 context-encoding call takes one prompt; logits come with the vocabulary padded for tp_degree;
 on-device sampling honours per-row values only with dynamic=True. So a greedy request's tokens
-here must equal the Hugging Face model's, whoever its batch-mates are and whenever it came."""
+here must equal the Hugging Face model's, whoever its batch-mates are and whenever it came; the
+tests both backends share run over both fakes in test_device_backends.py."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from handler.backends.base import SlotRequest, SlotRequestError
 from handler.backends.nxdi import compile_work_dir
 from handler.config import ServingConfig
 from handler.errors import ConfigError
-from handler.replicas.model import start_replicas
 from handler.request import GenerationRequest, SamplingParams
 from tests.neuron.conftest import Driver, calls, greedy, hf_greedy, nxdi_yaml, run_alone, run_to_end
 
@@ -44,17 +44,6 @@ def test_a_one_token_prompt_runs_in_the_smallest_bucket_and_is_the_models_own(ba
 
 
 pytestmark = pytest.mark.usefixtures("fake_neuronx", "one_torch_thread")
-
-
-@pytest.fixture
-def one_torch_thread():
-    """The fake's tiny forwards on a busy 2-core host run faster on one thread."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 PROMPTS = ["Today the weather is", "Once upon a time there was", "The capital of France"]
@@ -111,82 +100,6 @@ def test_a_stale_manifest_recompiles_with_the_reason(fake_neuronx, checkpoint, s
     changed = start_backend(nxdi_yaml(checkpoint, n_slots=2, nxdi={"token_buckets": [64, 256]}))
     assert changed.path_taken == "compile" and len(calls(fake_neuronx, "compile")) == 2
     assert "manifest mismatch (neuron_config.token_generation_buckets: [128, 256] -> [64, 256]" in caplog.text
-
-
-def test_compile_on_start_false_refuses_without_artifacts(checkpoint, start_backend):
-    with pytest.raises(ConfigError, match=r"backend nxdi: cannot use the compiled artifacts .* compile_on_start"):
-        start_backend(nxdi_yaml(checkpoint, nxdi={"compile_on_start": False}))
-
-
-def test_greedy_tokens_are_the_models_own(backend, checkpoint):
-    for text in [*PROMPTS, "Hi"]:
-        prompt = backend.encode(text)
-        assert run_alone(backend, prompt, 8) == hf_greedy(checkpoint, prompt, 8)
-    one = backend.encode("Today")[:1]
-    assert run_alone(backend, one, 6) == hf_greedy(checkpoint, one, 6)
-
-
-def test_a_request_that_joins_mid_decode_yields_its_tokens_alone(backend, fake_neuronx):
-    a, b, c = (backend.encode(text) for text in PROMPTS)
-    alone = {name: run_alone(backend, prompt, 12) for name, prompt in {"a": a, "b": b, "c": c}.items()}
-    driver = Driver(backend)
-    driver.join(greedy(2, a))  # slot 2 first: a partial batch whose rows are not slots 0..n-1
-    for _ in range(3):
-        driver.step()
-    driver.join(greedy(0, b))
-    for _ in range(2):
-        driver.step()
-    driver.join(greedy(1, c))  # now a full batch: NxDI ignores seq_ids, so row order must be slot order
-    for _ in range(11):
-        driver.step()
-    assert driver.leave(2)[:12] == alone["a"]
-    assert driver.leave(0)[:12] == alone["b"]
-    assert driver.leave(1)[:12] == alone["c"]
-    decodes = [f for f in forwards(fake_neuronx) if f["kind"] != "context"]
-    assert decodes and all(f["seq_ids"] == sorted(f["seq_ids"]) for f in decodes)
-
-
-def test_decode_refuses_a_call_that_is_not_every_live_slot(backend):
-    driver = Driver(backend)
-    driver.join(greedy(0, backend.encode("Hi")), greedy(1, backend.encode("Hello")))
-    with pytest.raises(ValueError, match="every live slot"):
-        backend.decode([0])
-
-
-def test_decode_returns_tokens_in_the_order_asked(backend):
-    """The rows go to NxDI in slot order; the answers come back in the caller's."""
-    prompts = {0: backend.encode(PROMPTS[0]), 2: backend.encode(PROMPTS[1])}
-
-    def one_step(order: list[int]) -> list[int]:
-        Driver(backend).join(*(greedy(slot, prompt) for slot, prompt in prompts.items()))
-        tokens = [choice.token_id for choice in backend.decode(order)]
-        for slot in prompts:
-            backend.release(slot)
-        return tokens
-
-    forward, backward = one_step([0, 2]), one_step([2, 0])
-    assert forward == backward[::-1] and forward[0] != forward[1]
-
-
-def test_a_slot_reused_after_release_starts_clean(backend):
-    prompt = backend.encode(PROMPTS[0])
-    expected = run_alone(backend, prompt, 6, slot=1)
-    driver = Driver(backend)
-    driver.join(greedy(1, backend.encode("Hi")), greedy(0, backend.encode(PROMPTS[1])))
-    for _ in range(20):
-        driver.step()
-    driver.leave(1)
-    driver.join(greedy(1, prompt))
-    for _ in range(5):
-        driver.step()
-    assert driver.leave(1) == expected
-
-
-def test_the_longest_prompt_is_the_largest_context_bucket(backend):
-    assert backend.max_prompt_tokens == 256
-    with pytest.raises(ValueError, match="take 1 to 256"):
-        backend.prefill([SlotRequest(0, tuple([5] * 257))])
-    assert len(run_alone(backend, tuple([5] * 256)[:200], 3)) == 3
 
 
 def test_logits_wider_than_the_vocabulary_are_cut_before_sampling(backend):
@@ -288,18 +201,6 @@ def test_host_sampling_refuses_nothing_but_prompt_logprobs(backend):
 
 
 # -- replicas ----------------------------------------------------------------------------------------
-@pytest.mark.timeout(180)
-def test_two_replicas_on_disjoint_cores_compile_once(fake_neuronx, checkpoint):
-    yaml = nxdi_yaml(checkpoint, n_slots=2, tp_degree=2, nxdi={"num_cores": 4})
-    yaml["scheduler"]["replicas"] = 2
-    yaml["batchSize"] = 8
-    model = start_replicas(ServingConfig.from_model_yaml(yaml), str(checkpoint))
-    model.close()
-    loads = calls(fake_neuronx, "load")
-    assert len(calls(fake_neuronx, "compile")) == 1
-    assert sorted(c["visible_cores"] for c in loads) == ["0-1", "2-3"] and len({c["pid"] for c in loads}) == 2
-
-
 def test_on_device_refusals_are_400s_naming_the_field_through_the_handler(checkpoint, start_handler):
     import json as jsonlib
 
