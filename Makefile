@@ -31,7 +31,7 @@ PROMPT ?= Today the weather is really nice and I am planning on
 CLIENT_ARGS = --url http://$(HOST):$(INFERENCE_PORT) --management-url http://$(HOST):$(MANAGEMENT_PORT) --model $(MODEL_NAME)
 PYTEST_ARGS ?=
 
-.PHONY: venv model archive serve stop demo test lint clean
+.PHONY: venv model archive serve stop demo test test-fast test-perf lint clean
 
 # Feature areas keep their targets in mk/*.mk (neuron, sagemaker, bench).
 -include mk/*.mk
@@ -99,8 +99,20 @@ stop:
 demo: venv
 	$(PY) scripts/client.py $(CLIENT_ARGS) generate "$(PROMPT)" --max-new-tokens 64
 
+# The tiers (docs/testing.md): test-fast = unit + integration (in-process); test adds e2e (every
+# test that starts a server); test-perf runs the soaks and bench runs alone, one at a time, as
+# their timings ask. TEST_WORKERS pytest-xdist processes, each test file on one of them.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
+
+test-fast: venv
+	$(PY) -m pytest $(XDIST) tests/unit tests/integration $(PYTEST_ARGS)
+
+test-perf: venv
+	$(PY) -m pytest tests/perf $(PYTEST_ARGS)
 
 # vermin: nothing newer than Python 3.10 (the Neuron DLAMI venvs and DLCs run 3.10)
 lint: venv

@@ -32,6 +32,6 @@ eval-compare: venv
 	$(call _require,EVAL_B,build/eval/neuronx)
 	$(PY) scripts/eval_compare.py $(EVAL_A) $(EVAL_B)
 
-# tests/eval runs lm-eval against a real torchserve: install it before pytest.
+# tests/e2e/test_lm_eval.py runs lm-eval against a real torchserve: install it before pytest.
 test: lm-eval
 test-compat: lm-eval

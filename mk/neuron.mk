@@ -40,11 +40,11 @@ compile: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
 
 # On an inf2 host: the tests that need the device and the real transformers-neuronx.
 test-neuron: venv
-	$(PY) -m pytest -m neuron tests/neuron -rs $(NEURON_PYTEST_ARGS)
+	$(PY) -m pytest -m neuron tests/integration/neuron -rs $(NEURON_PYTEST_ARGS)
 
 # Anywhere: the neuronx backend against the fake SDK (part of `make test` too).
 test-neuron-fake: venv
-	$(PY) -m pytest tests/neuron -m "not neuron" $(NEURON_PYTEST_ARGS)
+	$(PY) -m pytest tests/integration/neuron tests/e2e/neuron -m "not neuron" $(NEURON_PYTEST_ARGS)
 
 # The test suite on the stack Inferentia users run (requirements-compat.txt): Python 3.10,
 # TorchServe 0.11.0 (the SageMaker Neuron DLC's), transformers 4.48.3 (the Neuron SDK 2.25's),
@@ -60,4 +60,4 @@ $(COMPAT_VENV)/.installed: requirements-compat.txt requirements-dev.txt
 compat-venv: $(COMPAT_VENV)/.installed
 
 test-compat: $(COMPAT_VENV)/.installed guidellm
-	$(COMPAT_VENV)/bin/python -m pytest $(COMPAT_PYTEST_ARGS)
+	$(COMPAT_VENV)/bin/python -m pytest $(XDIST) tests/unit tests/integration tests/e2e $(COMPAT_PYTEST_ARGS)

@@ -11,21 +11,19 @@ PY312_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3
 PY312_PYTEST_ARGS ?=
 # What runs, by directory (new test files there are picked up as they appear):
 # - tests/unit, tests/integration: every handler module imported and driven in-process on
-#   Python 3.12 and transformers 4.57 (tokenizer, streamer, cache and generate APIs); seconds.
-# - tests/neuron: the Neuron backends (neuronx, NxD Inference) against the fake SDKs in
-#   tests/fakes; the device tests (marker `neuron`) skip. Includes the backends' own real
-#   TorchServe 0.11 e2e tests.
+#   Python 3.12 and transformers 4.57 (tokenizer, streamer, cache and generate APIs), the Neuron
+#   backends (neuronx, NxD Inference) on the fake SDKs in tests/fakes (the device tests, marker
+#   `neuron`, skip); a minute or two.
+# - tests/e2e/neuron: the Neuron backends inside a real TorchServe 0.11.0.
 # - tests/e2e/test_streaming_server.py: the handler inside a real TorchServe 0.11.0 on Python 3.12
 #   (worker process, streaming, both scheduling modes).
-# - tests/sagemaker/test_container_contract.py: /ping and /invocations as the DLC serves them.
-# Left out: the rest of tests/e2e, openai, tgi, eval, bench, metrics and sagemaker: mostly
-# real-TorchServe runs (most of the suite's time: about 14 min for all of it here, against a few
-# for this selection), which `make test` (TorchServe 0.12) and `make test-compat` (TorchServe
-# 0.11.0) already run; what they add is the HTTP protocol, not the Python or transformers
-# version, which the in-process tests above cover. This keeps CI well under its 60 minutes on
-# 2 cores.
-PY312_TESTS ?= tests/unit tests/integration tests/neuron tests/e2e/test_streaming_server.py \
-	tests/sagemaker/test_container_contract.py
+# - tests/e2e/sagemaker/test_container_contract.py: /ping and /invocations as the DLC serves them.
+# Left out: the rest of tests/e2e (real-TorchServe runs of the routes, clients and failure
+# handling), which `make test` (TorchServe 0.12) and `make test-compat` (TorchServe 0.11.0)
+# already run; what they add is the HTTP protocol, not the Python or transformers version, which
+# the in-process tests above cover. tests/perf runs once, in `make test-perf`.
+PY312_TESTS ?= tests/unit tests/integration tests/e2e/neuron tests/e2e/test_streaming_server.py \
+	tests/e2e/sagemaker/test_container_contract.py
 
 .PHONY: py312-venv test-py312
 
@@ -40,4 +38,4 @@ $(PY312_VENV)/.installed: requirements-py312.txt requirements-dev.txt
 py312-venv: $(PY312_VENV)/.installed
 
 test-py312: $(PY312_VENV)/.installed
-	$(PY312_VENV)/bin/python -m pytest $(PY312_TESTS) $(PY312_PYTEST_ARGS)
+	$(PY312_VENV)/bin/python -m pytest $(XDIST) $(PY312_TESTS) $(PY312_PYTEST_ARGS)

@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # after this hold; in pytest that would end the run. Tests that want the exit set it lower.
 os.environ.setdefault("INF2_INIT_FAILURE_HOLD_S", "3600")
 REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tests.tiers"]
 
 
 @pytest.fixture(scope="session")

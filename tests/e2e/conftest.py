@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
-from tests.modes import MODES, with_mode
-from tests.torchserve_process import TorchServe, start_torchserve
+from tests.support.modes import MODES, with_mode
+from tests.support.torchserve_process import TorchServe, start_torchserve
 
 FAILPOINT_MARKER = "<<fail-inside-generate>>"
 

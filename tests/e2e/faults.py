@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import psutil
 
-from tests.modes import with_mode
-from tests.torchserve_process import TorchServe, start_torchserve
+from tests.support.modes import with_mode
+from tests.support.torchserve_process import TorchServe, start_torchserve
 
 REPO = Path(__file__).resolve().parent.parent.parent
 # Llama-2-7B on inf2.48xlarge, as timed by its profile: a decode step is 6.5-12 ms, so a

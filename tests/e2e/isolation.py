@@ -30,7 +30,7 @@ import httpx
 
 from handler.serving.ts_compat import TORCHSERVE_VERSION
 from scripts.soak import GAUGES, gauges
-from tests.torchserve_process import TorchServe
+from tests.support.torchserve_process import TorchServe
 
 N_SLOTS = 4
 BYSTANDER_TOKENS = 200

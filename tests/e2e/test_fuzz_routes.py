@@ -44,9 +44,7 @@ from tests.e2e.isolation import (
     wait_until_serving,
     worker_pid,
 )
-from tests.torchserve_process import TorchServe, copy_logs_on_failure
-
-pytestmark = pytest.mark.e2e
+from tests.support.torchserve_process import TorchServe, copy_logs_on_failure
 
 MAX_EXAMPLES = 300  # per route: each is one request, 25-40 ms on 2 cores (a 4xx or a 200 of a few tokens)
 FUZZ_SETTINGS = settings(

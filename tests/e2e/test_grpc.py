@@ -13,8 +13,8 @@ import grpc
 import httpx
 import pytest
 
-from tests.grpc_client import inference_modules
-from tests.torchserve_process import TorchServe
+from tests.support.grpc_client import inference_modules
+from tests.support.torchserve_process import TorchServe
 
 PROMPT = {"prompt": "Today the weather is", "max_new_tokens": 40, "ignore_eos": True}
 

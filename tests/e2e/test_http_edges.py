@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from scripts.torchserve_compat import has_secure_defaults
-from tests.torchserve_process import TorchServe
+from tests.support.torchserve_process import TorchServe
 
 BODY = {"prompt": "Today the weather is", "max_new_tokens": 5, "ignore_eos": True, "stream": False}
 

@@ -16,9 +16,7 @@ import pytest
 import yaml
 
 from scripts.torchserve_compat import has_secure_defaults
-from tests.torchserve_process import free_port
-
-pytestmark = pytest.mark.e2e
+from tests.support.torchserve_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COPIED = ("Makefile", "mk", "handler", "scripts", "serving", "profiles", "requirements.txt", "requirements-dev.txt")

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from scripts.bench_stats import percentile
-from tests.torchserve_process import TorchServe, copy_logs_on_failure, start_torchserve
+from tests.support.torchserve_process import TorchServe, copy_logs_on_failure, start_torchserve
 
 N_SLOTS, BATCH_SIZE, JOB_QUEUE_SIZE = 2, 4, 4
 BURST = 10 * (BATCH_SIZE + JOB_QUEUE_SIZE)
@@ -151,7 +151,6 @@ async def burst(server: TorchServe) -> list[Answer]:
         return await asyncio.gather(*(one(client, server, names[i % len(names)]) for i in range(BURST)))
 
 
-@pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_a_burst_of_ten_times_the_queue_gets_only_complete_200s_and_fast_503s(server: TorchServe, request):
     try:

@@ -40,10 +40,8 @@ from handler.serving.state import (
     write_replica_health,
 )
 from scripts.torchserve_compat import has_secure_defaults
-from tests.modes import MODES, with_mode
-from tests.torchserve_process import TorchServe, free_port, start_torchserve
-
-pytestmark = pytest.mark.e2e
+from tests.support.modes import MODES, with_mode
+from tests.support.torchserve_process import TorchServe, free_port, start_torchserve
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "profiles" / "llama-2-7b-inf2-48xl-tp24.yaml"

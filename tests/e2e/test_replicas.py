@@ -24,10 +24,8 @@ import pytest
 
 from scripts.soak import gauges
 from tests.e2e.faults import SIM_CONFIG, InBackground, Outcome, alive, openai_url
-from tests.modes import with_mode
-from tests.torchserve_process import TorchServe, start_torchserve
-
-pytestmark = pytest.mark.e2e
+from tests.support.modes import with_mode
+from tests.support.torchserve_process import TorchServe, start_torchserve
 
 N_SLOTS = 8  # the sim profile's compiled batch size
 ENDED_WITHIN_S = 5.0

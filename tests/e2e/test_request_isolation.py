@@ -35,9 +35,7 @@ from tests.e2e.isolation import (
     probe,
     raw_json,
 )
-from tests.torchserve_process import TorchServe, copy_logs_on_failure
-
-pytestmark = pytest.mark.e2e
+from tests.support.torchserve_process import TorchServe, copy_logs_on_failure
 
 STOP_ANSWER_S = 2.0  # "answered at once": parsing and refusing a 1 MB body takes milliseconds
 OPENAI_ROUTES = (COMPLETIONS, CHAT)

@@ -21,7 +21,7 @@ import yaml
 from scripts.local_torchserve import LOCAL_PROPERTIES, read_properties
 from scripts.sagemaker_common import SAGEMAKER_PROPERTIES
 from scripts.torchserve_compat import has_secure_defaults
-from tests.openai.sse import DONE, events
+from tests.support.sse import DONE, events
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_MODEL_CONFIGS = [REPO / "model-config.yaml", *sorted((REPO / "configs").glob("*.yaml"))]

@@ -20,10 +20,8 @@ from handler.serving import drain
 from handler.serving.state import DRAIN_FILE
 from scripts.stop_server import DRAIN_MARGIN_S, StopReport
 from tests.e2e.faults import InBackground, Outcome, alive, openai_url, request, start_sim_server
-from tests.modes import MODES
-from tests.torchserve_process import TorchServe
-
-pytestmark = pytest.mark.e2e
+from tests.support.modes import MODES
+from tests.support.torchserve_process import TorchServe
 
 GRACE_S = 3.0
 LONG = 3000  # tokens: about 30 s at the sim's pace, far beyond the grace period

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from tests.e2e.conftest import E2E_MODEL_CONFIG, FAILPOINT_MARKER
-from tests.streaming import assert_first_arrived_while_generating, timed
+from tests.support.streaming import assert_first_arrived_while_generating, timed
 
 BATCH_DELAY_S = E2E_MODEL_CONFIG["maxBatchDelay"] / 1000
 

@@ -16,8 +16,8 @@ import pytest
 
 from scripts.torchserve_compat import has_secure_defaults
 from tests.e2e.conftest import E2E_MODEL_CONFIG
-from tests.modes import with_mode
-from tests.torchserve_process import TorchServe, start_torchserve
+from tests.support.modes import with_mode
+from tests.support.torchserve_process import TorchServe, start_torchserve
 
 REPO = Path(__file__).resolve().parents[2]
 EXPIRY_MIN = 0.25  # TorchServe reads token_expiration_min as a Double: 15 s, not the suite's minute

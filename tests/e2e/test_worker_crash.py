@@ -27,9 +27,7 @@ import pytest
 
 from scripts.soak import gauges
 from tests.e2e.faults import N_SLOTS, InBackground, Outcome, alive, openai_url, start_sim_server
-from tests.torchserve_process import TorchServe
-
-pytestmark = pytest.mark.e2e
+from tests.support.torchserve_process import TorchServe
 
 LONG = 3000  # tokens: about 30 s at the sim's pace
 ENDED_WITHIN_S = 5.0  # the bound for every in-flight request

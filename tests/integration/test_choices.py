@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from handler.inf2_handler import Inf2StreamingHandler
-from tests.modes import tiny_model_yaml
-from tests.torchserve_harness import ContinuousFrontend, make_context, run_batch
+from tests.support.modes import tiny_model_yaml
+from tests.support.torchserve_harness import ContinuousFrontend, make_context, run_batch
 
 N_SLOTS = 4
 COMPLETIONS = {"url_path": "v1/completions"}

@@ -11,7 +11,7 @@ import handler.serving.continuous as continuous
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from handler.inf2_handler import Inf2StreamingHandler
 from handler.serving.ts_compat import ONE_SHOT_REPLIES
-from tests.torchserve_harness import ContinuousFrontend, generation_ends, make_context
+from tests.support.torchserve_harness import ContinuousFrontend, generation_ends, make_context
 
 N_SLOTS = 2
 

@@ -14,7 +14,7 @@ import handler.serving.continuous as continuous
 from handler.inf2_handler import Inf2StreamingHandler
 from handler.serving import drain
 from handler.serving.state import DRAIN_FILE, ENV_VAR, drained_marker, write_drain
-from tests.torchserve_harness import PROTOCOL_VERSIONS, ContinuousFrontend, make_context, run_batch
+from tests.support.torchserve_harness import PROTOCOL_VERSIONS, ContinuousFrontend, make_context, run_batch
 
 N_SLOTS = 2
 LONG = {"prompt": "Once upon a time", "max_new_tokens": 100, "ignore_eos": True}

@@ -7,7 +7,7 @@ import pytest
 
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from handler.inf2_handler import Inf2StreamingHandler
-from tests.torchserve_harness import (
+from tests.support.torchserve_harness import (
     assert_streamed_while_generating,
     generation_ends,
     load_failure,

@@ -16,7 +16,7 @@ import handler.serving.init_failure as init_failure
 from handler.inf2_handler import Inf2StreamingHandler
 from handler.serving.state import ENV_VAR as STATE_DIR_ENV
 from handler.serving.state import failed_marker
-from tests.torchserve_harness import PROTOCOL_VERSIONS, ContinuousFrontend, make_context, run_batch
+from tests.support.torchserve_harness import PROTOCOL_VERSIONS, ContinuousFrontend, make_context, run_batch
 
 BAD_VALUE = 'eight "hundred"'  # a string where the loader wants an integer
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from handler.inf2_handler import Inf2StreamingHandler
-from tests.bench.conftest import sim_model_yaml
-from tests.modes import MODES, tiny_model_yaml
-from tests.torchserve_harness import ContinuousFrontend, make_context, run_batch
+from tests.support.bench import sim_model_yaml
+from tests.support.modes import MODES, tiny_model_yaml
+from tests.support.torchserve_harness import ContinuousFrontend, make_context, run_batch
 
 N_SLOTS = 2
 TOL = 1e-4

@@ -11,7 +11,7 @@ import pytest
 
 from handler.grammar import matchers
 from handler.inf2_handler import Inf2StreamingHandler
-from tests.torchserve_harness import ContinuousFrontend, make_context
+from tests.support.torchserve_harness import ContinuousFrontend, make_context
 
 CHAT = {"url_path": "v1/chat/completions"}
 COMPLETIONS = {"url_path": "v1/completions"}

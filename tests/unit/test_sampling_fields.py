@@ -21,7 +21,7 @@ from handler.backends.sim import SimBackend
 from handler.config import ServingConfig
 from handler.neuron.nxdi_config import device_sampling_refusal
 from handler.request import Constraint, GenerationRequest, SamplingParams
-from tests.bench.conftest import FakeClock, sim_model_yaml
+from tests.support.bench import FakeClock, sim_model_yaml
 
 EOS = 3
 VOCAB = 8

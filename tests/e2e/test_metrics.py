@@ -1,0 +1,76 @@
+"""A real torchserve in Prometheus mode: after one request, /metrics shows the token metrics."""
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from handler.serving.metrics import ALL_METRICS, FILL, REPLICA_OCCUPIED, REPLICAS_READY
+from tests.support.bench import sim_model_yaml
+from tests.support.modes import MODES, with_mode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+# The bench's server: the properties `make serve` gets too (serving/local.properties: metrics_mode=prometheus,
+# model_metrics_auto_detect=true), free ports, and its own temp directory.
+import bench_server
+from local_torchserve import local_properties
+
+REPLICA_METRICS = (REPLICAS_READY, REPLICA_OCCUPIED)
+LAYOUTS = [(mode, 1) for mode in MODES] + [("continuous", 2)]
+
+
+def wanted_series(mode: str, replicas: int = 1) -> set[str]:
+    """Static mode has the per-request and micro-batch metrics; continuous all but the fill ratio,
+    and the replica gauges only with replicas."""
+    specs = [m for m in ALL_METRICS if m is not FILL] if mode == "continuous" else ALL_METRICS[:5]
+    specs = [m for m in specs if replicas > 1 or m not in REPLICA_METRICS]
+    return {f"{m.name}_count" if m.metric_type.value == "histogram" else m.name for m in specs}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("mode", "replicas"), LAYOUTS, ids=[f"{m}-{r}" for m, r in LAYOUTS])
+def test_prometheus_scrape_finds_token_metrics_after_a_request(mode, replicas, tiny_model_dir, tmp_path, request):
+    assert local_properties()["metrics_mode"] == "prometheus"
+    base = {**sim_model_yaml(tiny_model_dir, time_scale=0.2), "minWorkers": 1, "maxWorkers": 1, "maxBatchDelay": 5}
+    config = with_mode(base, mode, n_slots=8)
+    if replicas > 1:
+        config["scheduler"] = {**config["scheduler"], "replicas": replicas}
+        config["batchSize"] = 2 * 8 * replicas
+    server = bench_server.start(tmp_path / "ts", tiny_model_dir, config, timeout=90)  # fails with the log tail
+    try:
+        body = {"prompt": "Today the weather is", "max_new_tokens": 8, "ignore_eos": True}
+        headers = {**server.headers, "X-Request-Start": f"t={time.time():.6f}"}
+        url = f"{server.url}/predictions/{server.model_name}"
+        if mode == "continuous":  # a client that leaves mid-stream, noticed on the next call
+            long = {"prompt": "Leave early", "max_new_tokens": 1000, "ignore_eos": True}
+            with httpx.stream("POST", url, json=long, headers=server.headers, timeout=60) as response:
+                assert response.status_code == 200
+                next(response.iter_lines())
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+            assert response.status_code == 200
+            lines = [line for line in response.iter_lines() if line]
+        assert '"completion_tokens": 8' in lines[-1]
+
+        deadline, text, missing = time.monotonic() + 20, "", wanted_series(mode, replicas)
+        while missing and time.monotonic() < deadline:
+            text = server.scrape_metrics()
+            missing = {
+                w for w in wanted_series(mode, replicas) if not any(line.startswith(w) for line in text.splitlines())
+            }
+            time.sleep(0.2 if missing else 0)
+        assert not missing, f"not in /metrics: {sorted(missing)}\n{text[:3000]}"
+        tokens = [line for line in text.splitlines() if line.startswith("llm_generated_tokens")]
+        assert 'ModelName="llama"' in tokens[0]
+        assert float(tokens[0].rsplit(" ", 1)[1]) >= 8 + 1  # this request + the readiness probe
+        if replicas > 1:
+            per_replica = [line for line in text.splitlines() if line.startswith(REPLICA_OCCUPIED.name + "{")]
+            assert {'Replica="0"' in line for line in per_replica} == {True, False}, per_replica
+    except BaseException:
+        shutil.copytree(server.workdir / "logs", request.config.rootpath / "build" / "test-logs" / "metrics-e2e",
+                        dirs_exist_ok=True)  # fmt: skip
+        raise
+    finally:
+        server.stop()

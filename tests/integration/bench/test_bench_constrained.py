@@ -1,0 +1,131 @@
+"""scripts/bench_constrained.py (P9) on the tiny model's 512-token tokenizer: the measurement runs
+the project's GrammarMasks (and BatchSampler, once it takes constraints) end to end, every
+finished output is a valid document, and the report and the suite's P9 line have their shape.
+No timing is asserted: these are benchmark numbers."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import random
+import re
+import sys
+
+import pytest
+import torch
+
+from tests.support.bench import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench_constrained as bc
+import bench_suite
+
+from handler.backends.sampling import BatchSampler
+
+P9_LINE = re.compile(r"P9 = \d+\.\d{3} ms / \d+\.\d\d ms = \d+\.\d{4} goal <= 0\.05 (met|missed)( \(.+\))?")
+SUITE_LINE = re.compile(r"P9 \d+\.\d\d  goal <= 0\.05 (met|NOT met)  = .+ / .+")
+
+
+@pytest.fixture(scope="module")
+def measured(tiny_tokenizer) -> bc.Measurement:
+    vocab = bc.Vocab("tiny-llama", tiny_tokenizer, len(tiny_tokenizer), int(tiny_tokenizer.eos_token_id))
+    before = torch.get_num_threads()
+    m = bc.measure(vocab, rows=4, generations=6, repeats=2, sampler_steps=150, sampler_repeats=1)
+    assert m.torch_threads == 1 and torch.get_num_threads() == before  # one thread while measuring, then put back
+    return m
+
+
+def test_the_documents_are_valid_schema_10_in_the_grammars_key_order():
+    rng = random.Random(5)
+    for _ in range(20):
+        doc = bc.sample_document(rng)
+        assert bc.document_problem(doc) is None
+        assert json.dumps(json.loads(doc), separators=(",", ":")) == doc  # compact, as the grammar writes it
+        keys = list(json.loads(doc))
+        assert keys == [k for k in bc.SCHEMA_10["properties"] if k in keys]  # the schema's order, as the grammar
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"id": 0}, "out of range"),
+        ({"id": True}, "not a(n) integer"),
+        ({"sku": "AB-1234"}, "does not match"),
+        ({"status": "gone"}, "not in the enum"),
+        ({"created": "2025-02-31"}, "not a date"),
+        ({"tags": []}, "0 items"),
+        ({"tags": ["x" * 17]}, "length 17"),
+        ({"extra": 1}, "unknown"),
+        ({"address": {"street": "1 A St", "city": "Lima"}}, "missing"),
+    ],
+)
+def test_the_validator_catches_each_kind_of_invalid_document(change, why):
+    doc = json.loads(bc.sample_document(random.Random(1))) | change
+    problem = bc.document_problem(json.dumps(doc))
+    assert problem is not None and why in problem
+    assert bc.document_problem('{"id": 1') is not None  # not JSON at all
+
+
+def test_measurement_structure_and_every_output_valid(measured):
+    m = measured
+    assert m.rows == 4 and m.vocab_size == 512 and m.torch_threads == 1 and m.repeats == 2
+    assert m.outputs >= 6 and m.steps > 0
+    assert m.valid == m.outputs and m.invalid == [] and m.capped == 0 and m.empty_masks == 0
+    assert m.documents and all(bc.document_problem(d) is None for d in m.documents)
+    assert len(m.pass_step_ms) == 2 and m.notes == []  # deterministic passes: each step's fastest counts
+    assert m.step_ms == pytest.approx(m.mask_ms + m.advance_ms)
+    assert 0 < m.step_p50_ms <= m.step_max_ms and m.step_p99_ms <= m.step_max_ms
+    assert m.mean_tokens > 0 and m.prepare_s > 0 and m.compile_ms > 0 and m.add_us > 0
+
+
+def test_the_sampler_with_and_without_the_constraint(measured):
+    if "constraint" not in inspect.getsource(BatchSampler.add):  # not wired yet: the report says so
+        assert measured.sampler == [] and measured.sampler_note.startswith("skipped")
+        return
+    assert [c.params for c in measured.sampler] == list(bc.SAMPLER_PARAMS)
+    for cost in measured.sampler:
+        assert cost.plain_ms > 0 and cost.constrained_ms > 0 and cost.steps == 150
+        assert cost.added_ms == pytest.approx(cost.constrained_ms - cost.plain_ms)
+        assert cost.outputs > 0 and cost.valid == cost.outputs  # the sampler's constrained outputs validate
+
+
+def test_report_json_and_the_suites_p9_line(measured):
+    step_ms = bc.decode_step_ms(8)
+    assert step_ms == pytest.approx(24.5 + (59.1 - 24.5) * 7 / 31)  # the TP8 profile, interpolated
+    text = bc.report(measured, step_ms)
+    last = text.splitlines()[-1]
+    assert P9_LINE.fullmatch(last), last
+    assert "not P9's vocabulary" in last and "4 rows: P9 is at 8" in last
+    figures = json.loads(json.dumps(bc.to_dict(measured, step_ms)))
+    assert figures["p9"] == pytest.approx(measured.step_ms / step_ms) and figures["goal"] == 0.05
+    assert figures["met"] == (figures["p9"] <= 0.05)
+    ratio = bench_suite.p9(bench_suite.Constrained(figures, text))
+    assert ratio.name == "P9" and ratio.value == figures["p9"]
+    assert SUITE_LINE.fullmatch(ratio.line()), ratio.line()
+
+
+def test_the_suite_stages_p9_and_prints_it_last(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """`make bench`'s wiring with no scheduler mode and no replicas: the real script in its own
+    process (on the tiny tokenizer, briefly), its report in the tables, P9 the last line."""
+    real = bench_suite.run_constrained
+    tiny = ["--llama3-tokenizer", str(tiny_model_dir), "--rows", "2", "--generations", "2", "--repeats", "1"]
+    tiny += ["--sampler-steps", "100", "--sampler-repeats", "1"]
+    monkeypatch.setattr(bench_suite, "run_constrained", lambda workdir: real(workdir, tiny))
+    monkeypatch.setattr(bench_suite.bench_sampling, "measure", lambda **_: [])  # no P8: tested elsewhere
+    out = tmp_path / "bench-sim"
+    argv = ["--out", str(out), "--workdir", str(tmp_path), "--modes", "none", "--no-replicas", "--des-requests", "0"]
+    bench_suite.main(argv)
+
+    text = capsys.readouterr().out
+    assert "constrained decoding per step (scripts/bench_constrained.py): 2 rows x 512" in text
+    assert P9_LINE.search(text) and "not P9's vocabulary" in text
+    assert SUITE_LINE.fullmatch(text.strip().splitlines()[-1])
+    meta = json.loads(out.with_suffix(".json").read_text())["meta"]
+    assert set(meta["ratios"]) == {"P9"} and meta["ratios"]["P9"] == meta["constrained"]["p9"]
+    figures = meta["constrained"]
+    assert figures["vocab"] == tiny_model_dir.name and figures["rows"] == 2
+    assert figures["outputs"] >= 2 and figures["valid"] == figures["outputs"]
+
+    assert bench_suite.main(argv + ["--no-constrained"]) is None
+    assert "P9" not in capsys.readouterr().out

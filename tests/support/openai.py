@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from handler.inf2_handler import Inf2StreamingHandler
+from tests.support.torchserve_harness import Reply, make_context, run_batch
+from tests.support.torchserve_process import TorchServe, start_torchserve
+
+HANDLER_YAML = {
+    "batchSize": 4,
+    "handler": {"n_positions": 256, "default_max_new_tokens": 16, "max_new_tokens": 100},
+    "scheduler": {"mode": "static", "n_slots": 4},
+    "micro_batching": {"micro_batch_size": 4, "parallelism": {"preprocess": 2, "inference": 1, "postprocess": 1}},
+}
+
+
+@pytest.fixture(scope="package")
+def served(tiny_model_dir: Path) -> Iterator[tuple[Inf2StreamingHandler, Any]]:
+    """The real handler with the tiny model, driven like TorchServe's worker (no Java)."""
+    config = {**HANDLER_YAML, "handler": {**HANDLER_YAML["handler"], "model_checkpoint_dir": str(tiny_model_dir)}}
+    handler = Inf2StreamingHandler()
+    context = make_context(config, str(tiny_model_dir))
+    handler.initialize(context)
+    try:
+        yield handler, context
+    finally:
+        handler.shutdown()
+
+
+@pytest.fixture
+def call(served):
+    """call(route, body, ...) -> Reply; several (route, body) pairs -> one batch."""
+
+    def run(*pairs: tuple[str, Any]) -> list[Reply]:
+        handler, context = served
+        rows = [body for _, body in pairs]
+        headers = [{"url_path": route} for route, _ in pairs]
+        return run_batch(handler, context, rows, headers)
+
+    return run
+
+
+E2E_MODEL_CONFIG = {
+    "minWorkers": 1,
+    "maxWorkers": 1,
+    "continuousBatching": True,
+    "batchSize": 8,
+    "maxBatchDelay": 1,
+    "responseTimeout": 60,
+    "handler": {
+        "model_checkpoint_dir": "model",
+        "n_positions": 2048,  # a prompt with tools is ~600 tiny-model tokens (2 characters each)
+        "default_max_new_tokens": 32,
+        "max_new_tokens": 256,
+    },
+    "scheduler": {"mode": "continuous", "n_slots": 4},
+}
+
+
+@pytest.fixture(scope="package")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
+    """A real torchserve (token auth on) for the external-client tests; always stopped."""
+    ts = start_torchserve(tmp_path_factory.mktemp("torchserve-openai"), tiny_model_dir, E2E_MODEL_CONFIG)
+    ts.mode = "continuous"
+    try:
+        yield ts
+    finally:
+        ts.stop()
+
+
+@pytest.fixture(scope="package")
+def openai_base_url(server: TorchServe) -> str:
+    """Where an OpenAI client points: TorchServe passes the rest of the path as url_path."""
+    return f"{server.predictions_url}/1.0/v1"
+
+
+@pytest.fixture(scope="package")
+def api_key(server: TorchServe) -> str:
+    """TorchServe's inference key; any non-empty key where it has no token auth (0.11)."""
+    return server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")
