@@ -82,15 +82,6 @@ def test_one_bad_request_fails_alone(served):
     assert json.loads(replies[3].final)["finish_reason"] in {"eos", "length"}
 
 
-def test_stream_concatenation_equals_non_streamed_text(served):
-    body = {"prompt": "Serving many users at once", "max_new_tokens": 40, "ignore_eos": True}
-    streamed, whole = batch(served, [body, {**body, "stream": False}])
-    assert whole.content_type == "application/json" and not whole.chunks
-    result = json.loads(whole.final)
-    assert streamed.streamed_text == result["text"]
-    assert streamed.lines[-1]["usage"] == result["usage"]
-
-
 def test_batched_output_equals_output_alone(served):
     body = {"prompt": "Large language models generate text", "max_new_tokens": 24, "stream": False}
     (alone,) = batch(served, [body])
