@@ -16,10 +16,11 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from handler.backends.base import SlotRequest, clamp_n_positions
+from handler.backends.base import clamp_n_positions
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.neuron.cores import CorePlacement, claim
 from handler.neuron.environment import pin_cores
+from handler.request import SlotRequest
 
 logger = logging.getLogger(__name__)
 

@@ -69,7 +69,7 @@ from typing import Any
 
 import torch
 
-from handler.backends.base import Backend, SlotRequest
+from handler.backends.base import Backend
 from handler.backends.device_slots import (
     CheckpointFacts,
     LiveSlot,
@@ -80,7 +80,6 @@ from handler.backends.device_slots import (
     place_process,
 )
 from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
-from handler.backends.sampling import BatchSampler, prompt_logprobs
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron import artifacts, options
@@ -89,7 +88,9 @@ from handler.neuron.cores import CorePlacement
 from handler.neuron.environment import CacheLocation, configure_compiler
 from handler.neuron.load_or_compile import Recipe, load_or_compile
 from handler.neuron.memory import Layout
-from handler.request import GenerationRequest, TokenChoice
+from handler.request import GenerationRequest, SlotRequest, TokenChoice
+from handler.sampling.logprobs import prompt_logprobs
+from handler.sampling.sampler import BatchSampler
 
 logger = logging.getLogger(__name__)
 

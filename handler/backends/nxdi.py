@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from handler.backends.base import Backend, SlotRequest, SlotRequestError
+from handler.backends.base import Backend
 from handler.backends.device_slots import (
     CheckpointFacts,
     LiveSlot,
@@ -66,7 +66,6 @@ from handler.backends.device_slots import (
     place_process,
 )
 from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
-from handler.backends.sampling import BatchSampler
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron import artifacts
@@ -76,7 +75,8 @@ from handler.neuron.environment import CacheLocation, child_environment, configu
 from handler.neuron.load_or_compile import Recipe, load_or_compile
 from handler.neuron.memory import Layout
 from handler.neuron.nxdi_config import NXDI_OPTIONS_KEY, NxdiConfig, device_sampling_refusal, device_sampling_row
-from handler.request import GenerationRequest, SamplingParams, TokenChoice
+from handler.request import GenerationRequest, SamplingParams, SlotRequest, SlotRequestError, TokenChoice
+from handler.sampling.sampler import BatchSampler
 
 logger = logging.getLogger(__name__)
 

@@ -19,12 +19,11 @@ from typing import Any
 import pytest
 import torch
 
-from handler.backends.base import SlotRequest, SlotRequestError
 from handler.backends.nxdi import compile_work_dir
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.replicas.model import start_replicas
-from handler.request import GenerationRequest, SamplingParams
+from handler.request import GenerationRequest, SamplingParams, SlotRequest, SlotRequestError
 from tests.neuron.conftest import Driver, calls, greedy, hf_greedy, nxdi_yaml, run_alone, run_to_end
 
 
