@@ -45,10 +45,6 @@ class SimConfig(_Section):
     charge: Literal["live_rows", "compiled_batch"] = "live_rows"
     time_scale: float = Field(default=1.0, ge=0, description="multiplies every simulated sleep; 0 = no sleeping")
     mean_natural_tokens: int = Field(default=256, ge=1, description="mean length at which a request emits EOS")
-    sampler: Literal["batched", "per_slot"] = Field(
-        default="batched",
-        description="the host sampler run on the stand-in logits; per_slot: the old one, for the bench's comparison",
-    )
     hf_config: str | None = Field(
         default=None,
         min_length=1,

@@ -1,9 +1,11 @@
 """Domain types of one generation request and of the tokens it gets back, shared by the wire
-protocols (`api/`), the engine and the backends; no wire format here."""
+protocols (`api/`), the engine, the backends and the sampler (`sampling/`); no wire format here.
+`SlotRequest` is one sequence of a request entering a backend's slot (what prefill and the sampler
+take), `SlotRequestError` a backend's or the sampler's refusal of one of them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 ConstraintKind = Literal["json_object", "json_schema", "regex", "lark"]
@@ -71,6 +73,32 @@ class GenerationRequest:
     # Independent outputs for the one prompt (OpenAI `n`), each its own slot; output i samples
     # with seed + i when the request has a seed.
     n: int = 1
+
+
+class SlotRequestError(ValueError):
+    """One request of a prefill or decode call that the backend cannot take (a grammar that does not
+    compile for this tokenizer; a position past what the compiled graphs serve); the others of the
+    call are fine. The engine fails that request alone (a 400 naming `param`, the request field to
+    blame) and runs the call again without it."""
+
+    def __init__(self, slot: int, message: str, param: str = "constraint") -> None:
+        super().__init__(message)
+        self.slot = slot
+        self.param = param
+
+
+@dataclass(frozen=True)
+class SlotRequest:
+    """A sequence entering a slot: what the backend needs to prefill and sample it."""
+
+    slot: int
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    ignore_eos: bool = False  # EOS is suppressed while sampling (the request asked to run to its length)
+    logprobs: int | None = None  # None: none; 0: the chosen token's; n: also the n most likely
+    prompt_logprobs: bool = False  # prefill also returns each prompt token's logprob (TokenChoice.prompt)
+    stop_token_ids: tuple[int, ...] = ()  # end the output like EOS (suppressed with EOS before min_tokens)
+    constraint: Constraint | None = None  # the output must match it (structured output)
 
 
 @dataclass(frozen=True)

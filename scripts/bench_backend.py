@@ -27,9 +27,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from handler.backends.base import Backend, SlotRequest
+from handler.backends.base import Backend
 from handler.backends.loader import load_backend
 from handler.config import ServingConfig
+from handler.request import SlotRequest
 
 
 def make_requests(backend: Backend, batch: int, prompt_tokens: int) -> list[SlotRequest]:

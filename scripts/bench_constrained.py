@@ -71,11 +71,10 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from handler.backends.base import SlotRequest
-from handler.backends.sampling import BatchSampler
 from handler.backends.sim_profile import load_profile
 from handler.grammar.grammars import json_schema_text
-from handler.request import Constraint, SamplingParams
+from handler.request import Constraint, SamplingParams, SlotRequest
+from handler.sampling.sampler import BatchSampler
 
 if TYPE_CHECKING:  # imported where it is used: llguidance.torch takes seconds to import, and
     # bench_grammar.py, which imports this module, times each engine's setup from a clean start

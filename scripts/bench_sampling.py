@@ -32,13 +32,14 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))  # per_slot_sampler: top-level, as in its archive
 
-from handler.backends.base import SlotRequest
-from handler.backends.sampling import BatchSampler
-from handler.backends.sampling_per_slot import PerSlotSampler
+from per_slot_sampler import PerSlotSampler
+
 from handler.backends.sim import stand_in_logits
 from handler.backends.sim_profile import load_profile
-from handler.request import SamplingParams
+from handler.request import SamplingParams, SlotRequest
+from handler.sampling.sampler import BatchSampler
 
 PROFILE_7B = REPO / "profiles" / "llama-2-7b-inf2-48xl-tp24.yaml"
 LLAMA3_TP8_STEP_MS = 55.0  # TGI neuron, Llama-3.1-8B, 3 x TP8, BS32, throughput ITL (shared/inf2-benchmarks.md)

@@ -11,6 +11,14 @@ from local_torchserve import TorchServe, start_torchserve
 
 
 def start(
-    workdir: Path, model_dir: Path, model_config: dict[str, Any], model_name: str = "llama", timeout: float = 180
+    workdir: Path,
+    model_dir: Path,
+    model_config: dict[str, Any],
+    model_name: str = "llama",
+    timeout: float = 180,
+    handler: Path | None = None,
 ) -> TorchServe:
-    return start_torchserve(workdir, model_dir, model_config, model_name=model_name, ready_timeout=timeout)
+    """`handler`: the archive's entry point instead of handler/inf2_handler.py (P2s's per-slot baseline)."""
+    return start_torchserve(
+        workdir, model_dir, model_config, model_name=model_name, ready_timeout=timeout, handler=handler
+    )

@@ -645,11 +645,10 @@ def run_sampled(server: Any, load: Load, workload: Workload) -> tuple[LoadSummar
 def run_sampled_per_slot(
     workdir: Path, model_dir: Path, config: dict[str, Any], load: Load, workload: Workload
 ) -> LoadSummary:
-    """The same sampled load on a server whose sim runs the old per-slot sampler (P2s's baseline)."""
-    config = copy.deepcopy(config)
-    config["handler"]["sim"]["sampler"] = "per_slot"
+    """The same sampled load on a server whose sim runs the old per-slot sampler (P2s's baseline): the
+    same config, in an archive whose entry point is scripts/bench/per_slot_sampler.py."""
     print(f"[bench] continuous, per-slot sampler: starting torchserve in {workdir} ...", file=sys.stderr)
-    server = bench_server.start(workdir, model_dir, config)
+    server = bench_server.start(workdir, model_dir, config, handler=REPO / "scripts" / "bench" / "per_slot_sampler.py")
     try:
         target = Target(server.url, server.model_name, "native", server.headers, sampling=SAMPLED)
         [summary] = asyncio.run(run_all(target, [load], workload, sweep_streams=load.streams))

@@ -159,14 +159,18 @@ class TorchServe:
         }
 
 
-def build_archive(workdir: Path, model_dir: Path, model_config: dict[str, Any], model_name: str) -> Path:
+def build_archive(
+    workdir: Path, model_dir: Path, model_config: dict[str, Any], model_name: str, handler: Path | None = None
+) -> Path:
+    """The model store; `handler`: the archive's entry point instead of handler/inf2_handler.py."""
     config_path = workdir / "model-config.yaml"
     config_path.write_text(yaml.safe_dump(model_config))
     store = workdir / "model_store"
     subprocess.run(
         [sys.executable, str(REPO / "scripts/stage_archive.py"), "--model-dir", str(model_dir)]
         + ["--config", str(config_path), "--stage", str(workdir / "stage")]
-        + ["--export-path", str(store), "--model-name", model_name],
+        + ["--export-path", str(store), "--model-name", model_name]
+        + (["--handler", str(handler)] if handler else []),
         check=True,
     )
     return store
@@ -181,12 +185,13 @@ def start_torchserve(
     extra_properties: dict[str, str] | None = None,
     ready_timeout: float = 120,
     wait: bool = True,
+    handler: Path | None = None,
 ) -> TorchServe:
     """A started torchserve, ready to answer unless `wait` is False (then it returns as soon
     as `torchserve --start` did). Its state dir (INF2_STATE_DIR, `<workdir>/state` unless
     `env` names one) starts empty; its /ping is the readiness plugin (serving/plugins)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    store = build_archive(workdir, model_dir, model_config, model_name)
+    store = build_archive(workdir, model_dir, model_config, model_name, handler)
     env = {STATE_DIR_ENV: str(workdir / "state"), **(env or {})}
     shutil.rmtree(env[STATE_DIR_ENV], ignore_errors=True)
     Path(env[STATE_DIR_ENV]).mkdir(parents=True)

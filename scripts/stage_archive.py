@@ -75,15 +75,16 @@ def stage(model_dir: Path, config: Path, stage_dir: Path, embed_model: bool) -> 
         copy_checkpoint(model_dir, stage_dir / EMBEDDED_CHECKPOINT)
 
 
-def run_archiver(stage_dir: Path, model_name: str, store: Path, tmp: Path) -> Path:
-    """torch-model-archiver, no-archive format; it copies through $TMPDIR/<name>, so give it a private one."""
+def run_archiver(stage_dir: Path, model_name: str, store: Path, tmp: Path, handler: Path | None = None) -> Path:
+    """torch-model-archiver, no-archive format; it copies through $TMPDIR/<name>, so give it a private one.
+    `handler`: the archive's entry point, copied to its root (default: the staged handler/inf2_handler.py)."""
     folder = store / model_name
     shutil.rmtree(folder, ignore_errors=True)
     store.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
     archiver = Path(sys.executable).parent / "torch-model-archiver"
     command = [str(archiver), "--model-name", model_name, "--version", "1.0"]
-    command += ["--handler", str(stage_dir / "handler" / "inf2_handler.py"), "--extra-files", str(stage_dir)]
+    command += ["--handler", str(handler or stage_dir / "handler" / "inf2_handler.py"), "--extra-files", str(stage_dir)]
     command += ["--config-file", str(stage_dir / "model-config.yaml"), "--archive-format", "no-archive"]
     command += ["--export-path", str(store), "-f"]
     subprocess.run(command, check=True, env={**os.environ, "TMPDIR": str(tmp), "TEMP": str(tmp)})
@@ -99,10 +100,12 @@ def main() -> None:
     parser.add_argument("--embed-model", action="store_true")
     parser.add_argument("--export-path", type=Path, help="also run torch-model-archiver into this model store")
     parser.add_argument("--model-name", default="llama")
+    parser.add_argument("--handler", type=Path, help="the archive's entry point (default: handler/inf2_handler.py)")
     args = parser.parse_args()
     stage(args.model_dir, args.config, args.stage, args.embed_model)
     if args.export_path:
-        folder = run_archiver(args.stage, args.model_name, args.export_path, args.stage.with_name("archiver-tmp"))
+        tmp = args.stage.with_name("archiver-tmp")
+        folder = run_archiver(args.stage, args.model_name, args.export_path, tmp, args.handler)
         print(f"archive: {folder}")
 
 

@@ -14,6 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("INF2_INIT_FAILURE_HOLD_S", "3600")
 REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.tiers"]
+# The bench's per-slot baseline sampler (scripts/bench/per_slot_sampler.py) imports as the top-level
+# module it is in the archive whose TorchServe entry it is: `per_slot_sampler`.
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ time (TGI's Neuron `Generator` and vLLM's model runner work this way):
   the token it returned last);
 - `release(slot)`: the slot's sequence ended (finished, failed, cancelled); forget it.
 
-Backends pick tokens (every row of a call at once, with `backends/sampling.py`) but never decide
+Backends pick tokens (every row of a call at once, with `handler/sampling/`) but never decide
 when a sequence ends: EOS, stop strings and lengths are `Sequence`'s business. The
 engine calls one method at a time (never concurrently), puts every live slot in every
 decode call, keeps each request within `n_positions` (prompt + max_new_tokens), and
@@ -21,10 +21,9 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from handler.request import Constraint, GenerationRequest, SamplingParams, TokenChoice
+from handler.request import GenerationRequest, SlotRequest, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -35,32 +34,6 @@ def clamp_n_positions(wanted: int, limit: int | None, what: str) -> int:
         return wanted
     logger.warning("n_positions %d is above the %s's %d positions; using %d", wanted, what, limit, limit)
     return limit
-
-
-class SlotRequestError(ValueError):
-    """One request of a prefill or decode call that the backend cannot take (a grammar that does not
-    compile for this tokenizer; a position past what the compiled graphs serve); the others of the
-    call are fine. The engine fails that request alone (a 400 naming `param`, the request field to
-    blame) and runs the call again without it."""
-
-    def __init__(self, slot: int, message: str, param: str = "constraint") -> None:
-        super().__init__(message)
-        self.slot = slot
-        self.param = param
-
-
-@dataclass(frozen=True)
-class SlotRequest:
-    """A sequence entering a slot: what the backend needs to prefill and sample it."""
-
-    slot: int
-    prompt_ids: tuple[int, ...]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    ignore_eos: bool = False  # EOS is suppressed while sampling (the request asked to run to its length)
-    logprobs: int | None = None  # None: none; 0: the chosen token's; n: also the n most likely
-    prompt_logprobs: bool = False  # prefill also returns each prompt token's logprob (TokenChoice.prompt)
-    stop_token_ids: tuple[int, ...] = ()  # end the output like EOS (suppressed with EOS before min_tokens)
-    constraint: Constraint | None = None  # the output must match it (structured output)
 
 
 class Backend(ABC):

@@ -16,15 +16,15 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from handler.backends.base import Backend, SlotRequest, clamp_n_positions
+from handler.backends.base import Backend, clamp_n_positions
 from handler.backends.device_backend import DeviceBackend
 from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
-from handler.backends.sampling import BatchSampler
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron.memory import Layout
-from handler.request import GenerationRequest
+from handler.request import GenerationRequest, SlotRequest
+from handler.sampling.sampler import BatchSampler
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,13 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from handler.backends.base import Backend, SlotRequest, clamp_n_positions
+from handler.backends.base import Backend, clamp_n_positions
 from handler.backends.kv_cache import AppendCache, ForwardKwargs, LayerKV, layers_of, stack, truncate, unpad_row
-from handler.backends.sampling import BatchSampler, prompt_logprobs
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import HandlerConfig
-from handler.request import GenerationRequest, TokenChoice
+from handler.request import GenerationRequest, SlotRequest, TokenChoice
+from handler.sampling.logprobs import prompt_logprobs
+from handler.sampling.sampler import BatchSampler
 
 logger = logging.getLogger(__name__)
 

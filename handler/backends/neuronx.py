@@ -67,14 +67,13 @@ from typing import Any
 
 import torch
 
-from handler.backends.base import SlotRequest
 from handler.backends.device_backend import compiler_version, package_version
 from handler.backends.device_slots import LiveSlot, SlotDeviceBackend
-from handler.backends.sampling import prompt_logprobs
 from handler.errors import ConfigError
 from handler.neuron import artifacts, options
 from handler.neuron.config import MIN_BUCKET, NeuronxConfig
-from handler.request import TokenChoice
+from handler.request import SlotRequest, TokenChoice
+from handler.sampling.logprobs import prompt_logprobs
 
 logger = logging.getLogger(__name__)
 

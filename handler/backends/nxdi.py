@@ -55,7 +55,6 @@ from typing import Any
 
 import torch
 
-from handler.backends.base import SlotRequest, SlotRequestError
 from handler.backends.device_backend import compiler_version, package_version
 from handler.backends.device_slots import LiveSlot, SlotDeviceBackend
 from handler.errors import ConfigError
@@ -63,7 +62,7 @@ from handler.neuron import artifacts
 from handler.neuron.checkpoint_identity import STATS_KEY, checkpoint_identity
 from handler.neuron.environment import child_environment
 from handler.neuron.nxdi_config import NXDI_OPTIONS_KEY, NxdiConfig, device_sampling_refusal, device_sampling_row
-from handler.request import GenerationRequest, SamplingParams, TokenChoice
+from handler.request import GenerationRequest, SamplingParams, SlotRequest, SlotRequestError, TokenChoice
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ request's output is the same whoever its batch-mates are. The "model" emits EOS 
 a random number of tokens (unless the request ignores EOS); ending there is up to
 `Sequence`, as with a real model.
 
-The host's share is real: after each simulated device step the real sampler (`sampling.py`)
+The host's share is real: after each simulated device step the real sampler (`handler/sampling/`)
 runs over `[rows, vocab_size]` stand-in logits (the profile's vocabulary; one buffer made at
 start, every row alike, shaped like a language model's next-token distribution: a few dozen
 likely tokens over a flat background). A sampled row's token is the sampler's pick folded
@@ -19,10 +19,10 @@ onto the tokenizer's text ids; a greedy row keeps the prompt-seeded draw (its ar
 the same token every step). So a sampled request costs what it costs beside a device.
 
 The sampling fields, where the simulation can keep their promise:
-- `constraint` (batched sampler only): a constrained row's token IS the sampler's pick, grammar
-  mask included (over the profile's vocabulary, padded past the tokenizer's ids, which it never
-  allows), and the grammar, not the simulated EOS, ends it: the output matches, the mask costs
-  what it costs at the profile's vocabulary. Needs a tokenizer no wider than the profile.
+- `constraint`: a constrained row's token IS the sampler's pick, grammar mask included (over the
+  profile's vocabulary, padded past the tokenizer's ids, which it never allows), and the grammar,
+  not the simulated EOS, ends it: the output matches, the mask costs what it costs at the
+  profile's vocabulary. Needs a tokenizer no wider than the profile.
 - `min_tokens`: the simulated EOS comes after it, and no stop token id is drawn before it.
 - `stop_token_ids`: they end the output when drawn (`Sequence`).
 - `presence_penalty`, `frequency_penalty`: applied by the sampler to the stand-in logits, as the
@@ -49,16 +49,15 @@ from typing import Any, Protocol
 
 import torch
 
-from handler.backends.base import Backend, SlotRequest, SlotRequestError, clamp_n_positions
+from handler.backends.base import Backend, clamp_n_positions
 from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
-from handler.backends.sampling import BatchSampler
-from handler.backends.sampling_per_slot import PerSlotSampler
 from handler.backends.sim_profile import Profile, load_profile, resolve_profile_path
 from handler.backends.tokenizer import load_tokenizer
 from handler.config import HandlerConfig, SimConfig
 from handler.errors import ConfigError
 from handler.neuron.memory import Layout
-from handler.request import GenerationRequest, TokenChoice
+from handler.request import GenerationRequest, SlotRequest, TokenChoice
+from handler.sampling.sampler import BatchSampler
 
 logger = logging.getLogger(__name__)
 
@@ -140,8 +139,7 @@ class SimModel:
         clock: Clock | None = None,
         tokenizer: Any = None,
     ) -> None:
-        """`tokenizer`: the one grammar masks are built on (batched sampler only); None: no
-        constraint can be served."""
+        """`tokenizer`: the one grammar masks are built on; None: no constraint can be served."""
         self.profile = profile
         self.vocab_ids = list(vocab_ids)
         self.eos_token_id = eos_token_id
@@ -150,11 +148,7 @@ class SimModel:
         self.clock = clock or RealClock()
         self.slots: dict[int, SimSlot] = {}
         self.busy_s = 0.0  # simulated device time charged so far
-        self.sampler: BatchSampler | PerSlotSampler
-        if sim.sampler == "batched":
-            self.sampler = BatchSampler(profile.batch_size, {eos_token_id}, n_positions, tokenizer, profile.vocab_size)
-        else:
-            self.sampler = PerSlotSampler(profile.batch_size, {eos_token_id}, n_positions)
+        self.sampler = BatchSampler(profile.batch_size, {eos_token_id}, n_positions, tokenizer, profile.vocab_size)
         self.logits = stand_in_logits(profile.batch_size, profile.vocab_size)
 
     def _charge(self, started: float, seconds: float) -> None:
@@ -204,8 +198,6 @@ class SimModel:
         for request in requests:
             if request.slot in self.slots:
                 raise ValueError(f"slot {request.slot} is occupied")
-            if request.constraint is not None and not isinstance(self.sampler, BatchSampler):
-                raise SlotRequestError(request.slot, "sampler: per_slot applies no grammar mask")
         try:
             for request in requests:
                 started = self.clock.now()
@@ -256,11 +248,7 @@ class SimBackend(Backend):
         self.eos_token_ids = frozenset({self.tokenizer.eos_token_id})
         vocab_ids = text_token_ids(self.tokenizer)
         self._constraint_refusal: str | None = None
-        if config.sim.sampler != "batched":
-            self._constraint_refusal = (
-                "sampler: per_slot is the benchmark baseline; it applies no grammar mask (use sampler: batched)"
-            )
-        elif len(self.tokenizer) > self.profile.vocab_size:
+        if len(self.tokenizer) > self.profile.vocab_size:
             self._constraint_refusal = (
                 f"the sim profile's vocabulary ({self.profile.vocab_size} tokens) is narrower than the tokenizer's "
                 f"({len(self.tokenizer)}), so a grammar over the tokenizer cannot mask its logits"
@@ -294,8 +282,8 @@ class SimBackend(Backend):
         return None
 
     def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
-        """logit_bias always (see the module docstring); a constraint without the batched sampler or
-        a tokenizer that fits the profile."""
+        """logit_bias always (see the module docstring); a constraint without a tokenizer that fits the
+        profile."""
         if request.sampling.logit_bias:
             return "logit_bias", (
                 "the sim backend draws its tokens from the vocabulary (it simulates timing, not a model), so it "
@@ -305,14 +293,12 @@ class SimBackend(Backend):
             return None
         if self._constraint_refusal is not None:
             return "constraint", self._constraint_refusal
-        sampler = self.model.sampler
-        return sampler.refusal(request) if isinstance(sampler, BatchSampler) else None
+        return self.model.sampler.refusal(request)
 
     def warmup(self) -> None:
         """Build the sampler's grammar masks, and let the clock learn how late `time.sleep` wakes
         before the first request."""
-        if isinstance(self.model.sampler, BatchSampler):
-            self.model.sampler.warmup()
+        self.model.sampler.warmup()
         clock = self.model.clock
         for _ in range(20):
             clock.sleep_until(clock.now() + 0.005)

@@ -7,11 +7,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from handler.backends.base import SlotRequest
 from handler.engine.detokenizer import IncrementalDetokenizer
 from handler.engine.stops import StopStringMatcher
 from handler.errors import InvalidRequest, ServingError
-from handler.request import GenerationRequest, PromptTokenLogprob, TokenChoice
+from handler.request import GenerationRequest, PromptTokenLogprob, SlotRequest, TokenChoice
 
 
 class State(enum.Enum):

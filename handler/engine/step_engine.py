@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from handler import failpoints
-from handler.backends.base import Backend, SlotRequestError
+from handler.backends.base import Backend
 from handler.engine.outbox import Outboxes, Update
 from handler.engine.scheduler import SlotScheduler
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, InvalidRequest, ServingError
-from handler.request import TokenChoice
+from handler.request import SlotRequestError, TokenChoice
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ _BSH = (
     "under continuous batching a BSH cache layout needs n_positions and context_length_estimate as one-bucket lists "
     "and encodes prompts as concatenated 1-D queries, which this backend does not send"
 )
-_NEEDS_LOGITS = "this backend samples on the host (handler/backends/sampling.py), which needs [n, vocab] logits"
+_NEEDS_LOGITS = "this backend samples on the host (handler/sampling/), which needs [n, vocab] logits"
 _OUTPUT_SHAPE = f"it changes what the model's forward() returns; {_NEEDS_LOGITS}"
 _ON_DEVICE = f"it samples on the device, so forward() returns token ids; {_NEEDS_LOGITS}"
 _ALL_LOGITS = "set handler.neuronx.output_all_logits instead (the backend then reads the prefill's per-position logits)"

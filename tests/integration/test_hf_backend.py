@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from handler.backends.base import SlotRequest
 from handler.backends.hf import HFBackend
 from handler.backends.kv_cache import cache_of, layers_of, stack, truncate, unpad_row
 from handler.config import HandlerConfig
-from handler.request import SamplingParams, TokenChoice
+from handler.request import SamplingParams, SlotRequest, TokenChoice
 
 REPO = Path(__file__).resolve().parents[2]
 N_SLOTS = 4

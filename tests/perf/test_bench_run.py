@@ -104,9 +104,11 @@ def test_suite_end_to_end_against_a_stand_in_server(tmp_path, monkeypatch, capsy
     from handler.backends.sim_profile import load_profile
 
     started: list[dict] = []
+    entries: list = []
 
-    def start(workdir, model_dir, config):
+    def start(workdir, model_dir, config, handler=None):
         started.append(config)
+        entries.append(handler)
         return _StandIn(config)
 
     async def run_all(target, loads, workload, sweep_streams):
@@ -141,9 +143,10 @@ def test_suite_end_to_end_against_a_stand_in_server(tmp_path, monkeypatch, capsy
     assert [line.split()[0] for line in lines[-len(RATIOS) :]] == RATIOS
     assert all(P_LINE.fullmatch(line) for line in lines[-len(RATIOS) :])
     assert "capacity 4.552 req/s" in text and "knee:" in text
-    # continuous, the per-slot sampler's server for P2s's baseline, then static
+    # continuous, P2s's per-slot baseline (the same config, the bench's entry point), then static
     assert [c["scheduler"]["mode"] for c in started] == ["continuous", "continuous", "static"]
-    assert [c["handler"]["sim"].get("sampler") for c in started] == [None, "per_slot", None]
+    assert started[1] == started[0]
+    assert entries == [None, REPO / "scripts" / "bench" / "per_slot_sampler.py", None]
     assert started[0]["continuousBatching"] is True and started[0]["batchSize"] == 16
 
     result = json.loads(out.with_suffix(".json").read_text())

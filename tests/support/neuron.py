@@ -148,7 +148,7 @@ def start_backend() -> Iterator[Callable[..., Any]]:
 
 
 def greedy(slot: int, prompt: Sequence[int], **fields: Any) -> Any:
-    from handler.backends.base import SlotRequest
+    from handler.request import SlotRequest
 
     return SlotRequest(slot, tuple(prompt), **fields)
 

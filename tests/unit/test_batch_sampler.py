@@ -1,5 +1,5 @@
 """The batched sampler against an exact full-vocabulary reference, its seeds, and its
-distribution (handler/backends/sampling.py)."""
+distribution (handler/sampling/)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from per_slot_sampler import PerSlotSampler
 
-from handler.backends.base import SlotRequest
-from handler.backends.sampling import BatchSampler, argmax_rows, choose_sorted, sorted_candidates
-from handler.backends.sampling_per_slot import PerSlotSampler
-from handler.request import SamplingParams
+from handler.request import SamplingParams, SlotRequest
+from handler.sampling.choice import argmax_rows, choose_sorted, sorted_candidates
+from handler.sampling.sampler import BatchSampler
 
 EOS = 3
 

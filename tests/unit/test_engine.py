@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from handler import failpoints
-from handler.backends.base import Backend, SlotRequest, SlotRequestError
+from handler.backends.base import Backend
 from handler.engine.micro_batch import MicroBatchEngine
 from handler.engine.sequence import FinishReason, State
 from handler.engine.sequence import Sequence as Seq
 from handler.engine.step_engine import StepEngine, StepRecord, Update
 from handler.errors import EngineError, InvalidRequest
-from handler.request import GenerationRequest, TokenChoice
+from handler.request import GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
 
 EOS = 2
 

@@ -10,6 +10,16 @@ import pytest
 
 HANDLER = Path(__file__).resolve().parents[2] / "handler"
 ENGINE_DRIVERS = ("handler.engine.step_engine", "handler.engine.micro_batch", "handler.engine.scheduler")
+# What the rooms under the backends (sampling/, and grammar/ under it) import none of.
+NOT_UNDER_BACKENDS = (
+    "handler.api",
+    "handler.serving",
+    "handler.config",
+    "handler.engine",
+    "handler.backends",
+    "handler.replicas",
+    "handler.neuron",
+)
 # (modules the rule is about, imports they must not make, why)
 RULES = [
     (
@@ -43,17 +53,14 @@ RULES = [
         "the SDK-free neuron/ takes plain values",
     ),
     (
+        ("handler.sampling",),
+        NOT_UNDER_BACKENDS,
+        "the sampler knows logits, the domain types and grammars: backends call it, it calls no backend",
+    ),
+    (
         ("handler.grammar",),
-        (
-            "handler.api",
-            "handler.serving",
-            "handler.config",
-            "handler.engine",
-            "handler.backends",
-            "handler.replicas",
-            "handler.neuron",
-        ),
-        "grammars know tokenizers and token ids: no wire, no backend, no config",
+        (*NOT_UNDER_BACKENDS, "handler.sampling"),
+        "grammars know tokenizers and token ids: no wire, no backend, no config, no sampler",
     ),
     (("handler.request", "handler.errors", "handler.failpoints"), ("handler",), "the domain types stand alone"),
 ]

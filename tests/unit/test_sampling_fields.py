@@ -1,4 +1,4 @@
-"""The sampling fields of issue 21 in the batched sampler (handler/backends/sampling.py): presence
+"""The sampling fields of issue 21 in the batched sampler (handler/sampling/): presence
 and frequency penalties, logit_bias, min_tokens, the grammar mask, against hand-computed logits;
 that a step without them takes the path it always took; and which backends refuse what
 (nxdi's on-device sampler, sim)."""
@@ -13,14 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from per_slot_sampler import PerSlotSimModel
 
-from handler.backends import sampling, shaping
-from handler.backends.base import SlotRequest
-from handler.backends.sampling import BatchSampler, choose_sorted, sorted_candidates
+from handler.backends import sim
 from handler.backends.sim import SimBackend
 from handler.config import ServingConfig
 from handler.neuron.nxdi_config import device_sampling_refusal
-from handler.request import Constraint, GenerationRequest, SamplingParams
+from handler.request import Constraint, GenerationRequest, SamplingParams, SlotRequest, SlotRequestError
+from handler.sampling import shaping
+from handler.sampling.choice import choose_sorted, sorted_candidates
+from handler.sampling.sampler import BatchSampler, _Workspace
 from tests.support.bench import FakeClock, sim_model_yaml
 
 EOS = 3
@@ -177,7 +179,7 @@ def test_min_tokens_with_ignore_eos_still_suppresses_eos_after_it() -> None:
 
 
 # -- the fast path ---------------------------------------------------------------------------------------
-class SpyWorkspace(sampling._Workspace):
+class SpyWorkspace(_Workspace):
     def __init__(self) -> None:
         super().__init__()
         self.names: list[str] = []
@@ -426,13 +428,26 @@ def sim_backend(model_dir: Path, **sim) -> SimBackend:
     return backend
 
 
-def test_sim_refuses_logit_bias_and_a_constraint_with_the_per_slot_baseline(tiny_model_dir) -> None:
+def per_slot_sim_backend(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> SimBackend:
+    """The sim with the bench's per-slot baseline sampler (P2s's served baseline)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(sim, "SimModel", PerSlotSimModel)
+        return sim_backend(model_dir)
+
+
+def test_sim_refuses_logit_bias_and_a_constraint_with_the_per_slot_baseline(tiny_model_dir, monkeypatch) -> None:
     constrained = GenerationRequest("hi", 4, constraint=Constraint("regex", "[0-9]"))
     biased = GenerationRequest("hi", 4, SamplingParams(logit_bias=((5, 100.0),)))
     penalized = GenerationRequest("hi", 4, SamplingParams(presence_penalty=1.0, frequency_penalty=1.0, min_tokens=2))
-    baseline = sim_backend(tiny_model_dir, sampler="per_slot")
+    baseline = per_slot_sim_backend(tiny_model_dir, monkeypatch)
     refusal = baseline.request_refusal(constrained)
-    assert refusal is not None and refusal[0] == "constraint" and "per_slot is the benchmark baseline" in refusal[1]
+    assert (
+        refusal is not None
+        and refusal[0] == "constraint"
+        and "per-slot sampler is the benchmark baseline" in refusal[1]
+    )
+    with pytest.raises(SlotRequestError, match="no grammar mask"):
+        baseline.prefill([SlotRequest(0, (5, 6), constraint=Constraint("regex", "[0-9]"))])
     batched = sim_backend(tiny_model_dir)
     assert batched.request_refusal(constrained) is None
     for backend in (baseline, batched):
@@ -441,7 +456,7 @@ def test_sim_refuses_logit_bias_and_a_constraint_with_the_per_slot_baseline(tiny
         assert backend.request_refusal(penalized) is None
 
 
-def test_a_replicas_worker_refuses_what_its_replicas_backend_refuses(tiny_model_dir) -> None:
+def test_a_replicas_worker_refuses_what_its_replicas_backend_refuses(tiny_model_dir, monkeypatch) -> None:
     """With scheduler.replicas the worker has no backend: it answers from the facts replica 0
     reported at start, field by field, exactly as the backend answers."""
     from types import SimpleNamespace
@@ -455,8 +470,7 @@ def test_a_replicas_worker_refuses_what_its_replicas_backend_refuses(tiny_model_
         GenerationRequest("hi", 4, SamplingParams(presence_penalty=1.0, min_tokens=2)),
         GenerationRequest("hi", 4, SamplingParams(do_sample=True, seed=3)),
     ]
-    for sampler in ("per_slot", "batched"):
-        backend = sim_backend(tiny_model_dir, sampler=sampler)
+    for backend in (per_slot_sim_backend(tiny_model_dir, monkeypatch), sim_backend(tiny_model_dir)):
         worker = ReplicatedModel(SimpleNamespace(facts=facts_of(backend)), backend.tokenizer)
         assert [worker.request_refusal(r) for r in requests] == [backend.request_refusal(r) for r in requests]
         assert worker.request_refusal(requests[1]) is not None  # the test sees a refusal, not only agreement

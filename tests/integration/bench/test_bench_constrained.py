@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import bench_constrained as bc
 import bench_suite
 
-from handler.backends.sampling import BatchSampler
+from handler.sampling.sampler import BatchSampler
 
 P9_LINE = re.compile(r"P9 = \d+\.\d{3} ms / \d+\.\d\d ms = \d+\.\d{4} goal <= 0\.05 (met|missed)( \(.+\))?")
 SUITE_LINE = re.compile(r"P9 \d+\.\d\d  goal <= 0\.05 (met|NOT met)  = .+ / .+")

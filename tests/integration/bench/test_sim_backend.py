@@ -4,12 +4,13 @@ the wall clock), single-row prefills, determinism, EOS, and slot bookkeeping."""
 from pathlib import Path
 
 import pytest
+from per_slot_sampler import PerSlotSimModel
 
-from handler.backends.base import SlotRequest
+from handler.backends import sim
 from handler.backends.sim import SimBackend
 from handler.config import ServingConfig
 from handler.errors import ConfigError
-from handler.request import SamplingParams
+from handler.request import SamplingParams, SlotRequest
 from tests.support.bench import FakeClock, sim_model_yaml
 
 
@@ -121,11 +122,14 @@ def test_a_seeded_sampled_request_is_the_same_whatever_its_batch(tiny_model_dir,
     assert len(set(alone)) > 3
 
 
-def test_the_host_sampler_runs_on_logits_as_wide_as_the_profiles_vocabulary(tiny_model_dir, fake_clock):
+def test_the_host_sampler_runs_on_logits_as_wide_as_the_profiles_vocabulary(tiny_model_dir, fake_clock, monkeypatch):
     """Every step ends with one sampler call over [rows, profile vocab_size] logits: the host cost
-    the bench must see (greedy rows included: their argmax over the vocabulary)."""
+    the bench must see (greedy rows included: their argmax over the vocabulary), with the batched
+    sampler and with the bench's per-slot baseline (P2s)."""
     for sampler in ("batched", "per_slot"):
-        backend = make_backend(tiny_model_dir, fake_clock, sampler=sampler)
+        if sampler == "per_slot":
+            monkeypatch.setattr(sim, "SimModel", PerSlotSimModel)
+        backend = make_backend(tiny_model_dir, fake_clock)
         calls = []
         real = backend.model.sampler.sample
 

@@ -20,11 +20,10 @@ from typing import Any
 import pytest
 import torch
 
-from handler.backends.base import SlotRequest, SlotRequestError
 from handler.backends.nxdi import compile_work_dir
 from handler.config import ServingConfig
 from handler.errors import ConfigError
-from handler.request import GenerationRequest, SamplingParams
+from handler.request import GenerationRequest, SamplingParams, SlotRequest, SlotRequestError
 from tests.support.neuron import Driver, calls, greedy, hf_greedy, nxdi_yaml, run_alone, run_to_end
 
 

@@ -1,13 +1,18 @@
-"""The per-slot sampler this project used before `sampling.BatchSampler`: a chain of
+"""The per-slot sampler this project used before `handler/sampling/`'s `BatchSampler`: a chain of
 transformers' logits processors run on one row at a time, each slot with its own generator.
 
-Kept only as the baseline the bench compares against (`scripts/bench_sampling.py`, and the
-sim backend's `sampler: per_slot`, for P8 and P2s): no production backend uses it.
+Kept only as the baseline the bench compares against, never in handler/ nor reachable from a
+model config:
+- P8: `scripts/bench_sampling.py` times both samplers in process;
+- P2s: `scripts/bench_suite.py` serves the sampled load once more from an archive whose TorchServe
+  entry is this file (`handle` below): the archive's own handler with the sim backend sampling
+  through `PerSlotSimModel`. Only an archive staged with this file as its handler gets it.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from transformers import (
@@ -18,9 +23,11 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from handler.backends.base import SlotRequest
-from handler.backends.sampling import top_alternatives
-from handler.request import TokenChoice
+from handler.backends import sim
+from handler.request import GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
+from handler.sampling.logprobs import top_alternatives
+
+NO_GRAMMAR = "the per-slot sampler is the benchmark baseline; it applies no grammar mask"
 
 
 class SuppressTokens(LogitsProcessor):
@@ -94,7 +101,15 @@ class PerSlotSampler:
         self._slots: dict[int, SlotSampler] = {}
         self.last_s = 0.0
 
+    def warmup(self) -> None:
+        """Nothing to build: no grammar masks."""
+
+    def refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
+        return ("constraint", NO_GRAMMAR) if request.constraint is not None else None
+
     def add(self, request: SlotRequest) -> None:
+        if request.constraint is not None:
+            raise SlotRequestError(request.slot, NO_GRAMMAR)
         self._slots[request.slot] = SlotSampler(request, self.eos_token_ids)
 
     def remove(self, slot: int) -> None:
@@ -106,3 +121,29 @@ class PerSlotSampler:
         out = [self._slots[slot].pick(row[:vocab]) for slot, row in zip(slots, logits, strict=True)]
         self.last_s = time.perf_counter() - started
         return out
+
+
+class PerSlotSimModel(sim.SimModel):
+    """The sim's simulated device with the per-slot sampler on its stand-in logits."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sampler = PerSlotSampler(self.profile.batch_size, {self.eos_token_id}, self.n_positions)
+
+
+_served: list[Any] = []  # the archive's handler, once `handle` built it
+
+
+def handle(data: Any, context: Any) -> Any:
+    """TorchServe's entry point when an archive is staged with this file as its handler (P2s's
+    baseline server): TorchServe calls a handler module's `handle` once without data to load the
+    model, then with each batch. The sim backends this process builds sample per slot; the rest is
+    the archive's own handler (handler/inf2_handler.py)."""
+    if not _served:
+        sim.SimModel = PerSlotSimModel  # type: ignore[misc]  # read by SimBackend when it builds its model
+        from handler.inf2_handler import Inf2StreamingHandler
+
+        served = Inf2StreamingHandler()
+        served.initialize(context)
+        _served.append(served)
+    return None if data is None else _served[0].handle(data, context)

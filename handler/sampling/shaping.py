@@ -1,4 +1,4 @@
-"""Output shaping for the batched sampler (`sampling.BatchSampler`): what a request asks of its
+"""Output shaping for the batched sampler (`sampler.BatchSampler`): what a request asks of its
 output beyond the token choice itself, applied in place to a step's `[rows, vocab]` scores (after
 the repetition penalty), in this order:
 - presence / frequency penalties (OpenAI's: minus frequency x count + presence x (count > 0) for
@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from handler.backends.base import SlotRequest, SlotRequestError
-from handler.request import GenerationRequest
+from handler.request import GenerationRequest, SlotRequest, SlotRequestError
 
 if TYPE_CHECKING:
     from handler.grammar.masks import GrammarMasks
