@@ -58,7 +58,7 @@ class Published:
     tokens_per_s: str
 
 
-# The table under this heading of shared/inf2-benchmarks.md, verbatim (tests/bench/test_bench_replicas.py
+# The table under this heading of shared/inf2-benchmarks.md, verbatim (tests/unit/bench/test_bench_replicas.py
 # compares them with the file where it is at hand, ../shared beside the repository).
 PUBLISHED_HEADING = (
     "Serving-level, measured with guidellm (Llama-3.1-8B-Instruct, inf2.48xlarge, "

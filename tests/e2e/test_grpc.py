@@ -1,5 +1,5 @@
 """TorchServe's gRPC inference API (always on in 0.11 and 0.12) against the real server, with a
-client compiled from the installed jar's own proto (tests/grpc_client.py). Every gRPC call gets the
+client compiled from the installed jar's own proto (tests/support/grpc_client.py). Every gRPC call gets the
 whole answer, in one message (handler/serving/grpc_jobs.py), never a cut one with status OK; no call
 ends the worker, and an HTTP stream beside them is served whole."""
 

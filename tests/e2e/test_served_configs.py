@@ -1,6 +1,6 @@
 """Security audit of the served configurations: `make serve`'s (serving/local.properties plus
 the Makefile's addresses; the e2e servers run the same file) and the SageMaker container's
-(serving/sagemaker.properties; the rest of its checks are in tests/sagemaker/test_config_checks.py).
+(serving/sagemaker.properties; the rest of its checks are in tests/unit/sagemaker/test_config_checks.py).
 
 Each promise is a test: binds, token auth, model API, allowed_urls, request size, safetensors,
 trust_remote_code, no pip install at load, the key file's mode, and framing that a request

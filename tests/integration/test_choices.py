@@ -1,5 +1,5 @@
 """OpenAI `n` and the receipt checks of structured output through the real handler with the tiny
-model (tests/torchserve_harness.py drives it as TorchServe's frontends do): n outputs per
+model (tests/support/torchserve_harness.py drives it as TorchServe's frontends do): n outputs per
 request, each seeded with seed + i; and the 400s a constraint or a token id gets on receipt."""
 
 from __future__ import annotations

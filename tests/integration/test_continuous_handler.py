@@ -1,5 +1,5 @@
 """The real handler in continuous mode, driven the way TorchServe's continuousBatching
-frontend drives it (tests/torchserve_harness.py: ContinuousFrontend), with the tiny model
+frontend drives it (tests/support/torchserve_harness.py: ContinuousFrontend), with the tiny model
 on CPU: requests join and leave between steps, each gets its own answer."""
 
 import json

@@ -1,5 +1,5 @@
 """Draining through the real handler, driven as TorchServe drives it (continuous: the
-ContinuousFrontend of tests/torchserve_harness.py, both releases' protocols; static:
+ContinuousFrontend of tests/support/torchserve_harness.py, both releases' protocols; static:
 run_batch), with the tiny model on CPU: a new request gets a 503, the streams in flight go
 on, and at the deadline each ends with an error line, never cut without one."""
 

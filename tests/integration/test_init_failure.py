@@ -1,5 +1,5 @@
 """A worker whose model fails to load (handler/serving/init_failure.py), driven the way TorchServe's
-frontend drives it (tests/torchserve_harness.py): initialize() returns in a failed state, every
+frontend drives it (tests/support/torchserve_harness.py): initialize() returns in a failed state, every
 request gets a 503 JSON naming the cause in the reply shape of the frontend's mode (0.11 and
 0.12 continuousBatching, classic batching), the failed-start marker is there for /ping while
 the worker holds, and after the hold the marker goes and the process exits."""

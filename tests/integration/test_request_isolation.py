@@ -1,5 +1,5 @@
 """Hostile requests beside a normal stream, through the real continuous handler and TorchServe's own
-reply encoder (tests/torchserve_harness.py): each gets its 400, the stream is served whole, and
+reply encoder (tests/support/torchserve_harness.py): each gets its 400, the stream is served whole, and
 nothing reaches the step thread that could stall it."""
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def _purge() -> None:
 
 @pytest.fixture
 def nxdi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model_dir: Path) -> Any:
-    """The fake SDK importable (as tests/neuron/conftest.py does), a private compiler work dir and
+    """The fake SDK importable (as tests/support/neuron.py does), a private compiler work dir and
     call log; yields the modules a backend imports plus helpers."""
     for name in ENV:
         monkeypatch.delenv(name, raising=False)

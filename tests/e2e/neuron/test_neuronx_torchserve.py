@@ -53,7 +53,7 @@ def serve(workdir: Path, checkpoint: Path, call_log: Path, mode: str) -> TorchSe
     try:
         server = start_torchserve(workdir, checkpoint, config, env=env, extra_properties=properties)
     except json.JSONDecodeError:
-        # tests/torchserve_process.py reads key_file.json while torchserve may still be writing it
+        # tests/support/torchserve_process.py reads key_file.json while torchserve may still be writing it
         # (reported to the lead); that server was stopped, so start once more in a fresh folder
         server = start_torchserve(
             workdir.with_name(workdir.name + "-retry"), checkpoint, config, env, extra_properties=properties

@@ -37,7 +37,7 @@ class GetWeather(BaseModel):
 def _room_for_tools() -> None:
     """Tools render to a few hundred prompt tokens with the tiny model's 512-token vocabulary."""
     n_positions = E2E_MODEL_CONFIG["handler"]["n_positions"]
-    assert n_positions >= 1024, f"tests/openai/conftest.py serves n_positions {n_positions}: tool prompts need 1024"
+    assert n_positions >= 1024, f"tests/support/openai.py serves n_positions {n_positions}: tool prompts need 1024"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Structured output and the OpenAI sampling fields (issue 21) with the official `openai` client
 against a real torchserve serving the tiny random model (hf backend, continuous batching; the
-package's shared server, tests/openai/conftest.py).
+package's shared server, tests/support/openai.py).
 
 A random model makes these strong tests: without a grammar its output is never JSON
 (`test_without_a_constraint_the_random_model_writes_no_json`), with one every output must be.

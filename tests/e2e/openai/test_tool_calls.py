@@ -65,7 +65,7 @@ def _room_for_tools() -> None:
     """The tiny model's 512-token vocabulary spends about 2 characters a token: the tool
     instruction and these two tools render to about 600 prompt tokens."""
     n_positions = E2E_MODEL_CONFIG["handler"]["n_positions"]
-    assert n_positions >= 1024, f"tests/openai/conftest.py serves n_positions {n_positions}: tool prompts need 1024"
+    assert n_positions >= 1024, f"tests/support/openai.py serves n_positions {n_positions}: tool prompts need 1024"
 
 
 @pytest.fixture(scope="module")
