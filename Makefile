@@ -27,7 +27,7 @@ TS_ENV := TMPDIR=$(abspath $(BUILD)) TEMP=$(abspath $(BUILD))
 # The serving state dir (handler/serving/state.py): drain and failed-start markers, read by /ping.
 STATE_DIR := $(abspath $(BUILD)/state)
 PROMPT ?= Today the weather is really nice and I am planning on
-# Where scripts/client.py finds the server (and renews an expired key: serving/local.properties).
+# Where scripts/serve/client.py finds the server (and renews an expired key: serving/local.properties).
 CLIENT_ARGS = --url http://$(HOST):$(INFERENCE_PORT) --management-url http://$(HOST):$(MANAGEMENT_PORT) --model $(MODEL_NAME)
 PYTEST_ARGS ?=
 
@@ -47,11 +47,11 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 
 model: $(DEFAULT_MODEL_DIR)/config.json
 
-$(DEFAULT_MODEL_DIR)/config.json: scripts/make_tiny_model.py scripts/corpus.txt | venv
-	$(PY) scripts/make_tiny_model.py $(DEFAULT_MODEL_DIR)
+$(DEFAULT_MODEL_DIR)/config.json: scripts/model/make_tiny_model.py scripts/model/corpus.txt | venv
+	$(PY) -m scripts.model.make_tiny_model $(DEFAULT_MODEL_DIR)
 
 archive: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
-	$(PY) scripts/stage_archive.py --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG) --stage $(BUILD)/stage \
+	$(PY) -m scripts.serve.stage_archive --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG) --stage $(BUILD)/stage \
 		$(if $(filter 1,$(EMBED_MODEL)),--embed-model) --export-path $(MODEL_STORE) --model-name $(MODEL_NAME)
 
 # serving/local.properties holds the settings; the addresses and the model store are added here.
@@ -70,21 +70,21 @@ $(TS_CONFIG): Makefile serving/local.properties
 		"plugins_path=$(abspath $(PLUGINS_DIR))" >> $@
 
 serve: archive plugins
-	@$(PY) scripts/torchserve_compat.py require-secure-defaults  # token auth + model API off need TorchServe 0.12
+	@$(PY) -m scripts.serve.torchserve_compat require-secure-defaults  # token auth + model API off need TorchServe 0.12
 	$(MAKE) --no-print-directory $(TS_CONFIG) -B
 	mkdir -p logs
 	rm -rf $(STATE_DIR) && mkdir -p $(STATE_DIR)
 	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 INF2_STATE_DIR=$(STATE_DIR) $(TS_ENV) $(BIN)/torchserve --start --ncs \
 		--ts-config $(TS_CONFIG) --log-config serving/log4j2.xml --model-store $(MODEL_STORE) --models $(MODEL_NAME)=$(MODEL_NAME) \
 		> logs/torchserve.out 2>&1
-	@$(PY) scripts/client.py $(CLIENT_ARGS) wait --timeout 600 \
+	@$(PY) -m scripts.serve.client $(CLIENT_ARGS) wait --timeout 600 \
 		--log logs/ts_log.log --pid-file $(BUILD)/.model_server.pid \
-		|| (tail -n 20 logs/ts_log.log; echo; $(PY) scripts/client.py worker-error --model-log logs/model_log.log; \
+		|| (tail -n 20 logs/ts_log.log; echo; $(PY) -m scripts.serve.client worker-error --model-log logs/model_log.log; \
 			$(MAKE) --no-print-directory stop; exit 1)
 	@echo
 	@echo "Serving $(MODEL_NAME) on http://$(HOST):$(INFERENCE_PORT) (token auth on; key in key_file.json). Try:"
 	@echo "  make demo"
-	@echo "  curl -N -H \"Authorization: Bearer \$$($(PY) scripts/client.py token)\" -H 'Content-Type: application/json' \\"
+	@echo "  curl -N -H \"Authorization: Bearer \$$($(PY) -m scripts.serve.client token)\" -H 'Content-Type: application/json' \\"
 	@echo "       -d '{\"prompt\": \"Today the weather is\", \"max_new_tokens\": 64}' http://$(HOST):$(INFERENCE_PORT)/predictions/$(MODEL_NAME)"
 	@echo "  make stop"
 
@@ -93,11 +93,11 @@ serve: archive plugins
 DRAIN_GRACE_S ?= 20
 
 stop:
-	-@$(TS_ENV) $(PY) scripts/stop_server.py --pid-file $(BUILD)/.model_server.pid \
+	-@$(TS_ENV) $(PY) -m scripts.serve.stop_server --pid-file $(BUILD)/.model_server.pid \
 		--state-dir $(abspath $(BUILD)/state) --grace $(DRAIN_GRACE_S) --torchserve $(BIN)/torchserve
 
 demo: venv
-	$(PY) scripts/client.py $(CLIENT_ARGS) generate "$(PROMPT)" --max-new-tokens 64
+	$(PY) -m scripts.serve.client $(CLIENT_ARGS) generate "$(PROMPT)" --max-new-tokens 64
 
 # The tiers (docs/testing.md): test-fast = unit + integration (in-process); test adds e2e (every
 # test that starts a server); test-perf runs the soaks and bench runs alone, one at a time, as

@@ -9,7 +9,7 @@
 # make bench BENCH_ARGS="--time-scale 0.5"                   every simulated time halved (ratios unchanged)
 # The bench starts its own torchserve per mode (own ports, config.properties and TMPDIR under
 # build/bench/<backend>/<mode>/) and stops it; results go to bench_results/bench-<backend>.{json,png}.
-# The policy reference alone: $(PY) scripts/bench_des.py --profile $(BENCH_PROFILE)
+# The policy reference alone: $(PY) -m scripts.bench.des --profile $(BENCH_PROFILE)
 # make bench-isolation       hf backend, tiny model, 4 slots: a 300-token bystander stream's ITL p99 while one class
 #                            of hostile requests arrives (lone surrogates, JSON 2,000 deep, huge stop strings, a
 #                            12,000-property schema) / alone (goal <= 2), their statuses and whether the worker died;
@@ -28,12 +28,12 @@ MEMORY_ARGS ?=
 .PHONY: bench bench-isolation bench-memory
 
 bench: venv model
-	$(PY) scripts/bench_suite.py --backend $(BACKEND) --profile $(BENCH_PROFILE) \
+	$(PY) -m scripts.bench.suite --backend $(BACKEND) --profile $(BENCH_PROFILE) \
 		--model-dir $(DEFAULT_MODEL_DIR) --workdir $(BUILD)/bench $(if $(BENCH_LONG),--long) $(BENCH_ARGS)
 
 bench-isolation: venv model
-	$(PY) scripts/bench_isolation.py --model-dir $(DEFAULT_MODEL_DIR) --workdir $(BUILD)/bench-isolation $(ISOLATION_ARGS)
+	$(PY) -m scripts.bench.isolation --model-dir $(DEFAULT_MODEL_DIR) --workdir $(BUILD)/bench-isolation $(ISOLATION_ARGS)
 
 bench-memory: venv model
-	$(PY) scripts/bench_memory.py --model-dir $(DEFAULT_MODEL_DIR) $(MEMORY_ARGS)
+	$(PY) -m scripts.bench.memory --model-dir $(DEFAULT_MODEL_DIR) $(MEMORY_ARGS)
 

@@ -24,13 +24,13 @@ $(LMEVAL_VENV)/.installed: requirements-eval.txt
 	touch $@
 
 eval: lm-eval venv
-	$(PY) scripts/eval.py --url $(EVAL_URL) --model $(MODEL_NAME) --tokenizer $(EVAL_TOKENIZER) \
+	$(PY) -m scripts.eval.evaluate --url $(EVAL_URL) --model $(MODEL_NAME) --tokenizer $(EVAL_TOKENIZER) \
 		--out $(EVAL_OUT) --lm-eval $(LMEVAL_VENV)/bin/lm_eval $(if $(EVAL_LIMIT),--limit $(EVAL_LIMIT)) $(EVAL_ARGS)
 
 eval-compare: venv
 	$(call _require,EVAL_A,build/eval/hf)
 	$(call _require,EVAL_B,build/eval/neuronx)
-	$(PY) scripts/eval_compare.py $(EVAL_A) $(EVAL_B)
+	$(PY) -m scripts.eval.compare $(EVAL_A) $(EVAL_B)
 
 # tests/e2e/test_lm_eval.py runs lm-eval against a real torchserve: install it before pytest.
 test: lm-eval

@@ -31,12 +31,12 @@ nxdi-venv:
 # CHECKPOINT_FORMAT=split writes the pytorch_model.bin/ folder older transformers-neuronx releases need.
 checkpoint: venv
 	@test -n "$(HF_MODEL)" || { echo "usage: make checkpoint HF_MODEL=/path/to/hf-model MODEL_DIR=models/<name>"; exit 1; }
-	$(PY) scripts/prepare_checkpoint.py $(HF_MODEL) $(MODEL_DIR) --format $(CHECKPOINT_FORMAT)
+	$(PY) -m scripts.model.prepare_checkpoint $(HF_MODEL) $(MODEL_DIR) --format $(CHECKPOINT_FORMAT)
 
 # Compiles for the settings in MODEL_CONFIG and saves NEFFs + manifest in $(MODEL_DIR)/neuron_cache
 # (or handler.neuronx.cache_dir); a later run with unchanged settings only loads them.
 compile: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
-	$(PY) scripts/compile.py --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG)
+	$(PY) -m scripts.model.compile --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG)
 
 # On an inf2 host: the tests that need the device and the real transformers-neuronx.
 test-neuron: venv

@@ -20,7 +20,7 @@ $(GUIDELLM_VENV)/.installed: requirements-guidellm.txt
 guidellm-run: guidellm venv
 	mkdir -p $(BUILD)
 	HF_HUB_OFFLINE=1 $(GUIDELLM_VENV)/bin/guidellm run \
-		--backend '{"kind":"openai_http","target":"http://$(HOST):$(INFERENCE_PORT)","model":"$(MODEL_NAME)","api_key":"'"$$($(PY) scripts/client.py token)"'","request_format":"/v1/completions","api_routes":{"/health":"ping","/v1/models":"predictions/$(MODEL_NAME)/1.0/v1/models","/v1/completions":"predictions/$(MODEL_NAME)/1.0/v1/completions"},"http2":false}' \
+		--backend '{"kind":"openai_http","target":"http://$(HOST):$(INFERENCE_PORT)","model":"$(MODEL_NAME)","api_key":"'"$$($(PY) -m scripts.serve.client token)"'","request_format":"/v1/completions","api_routes":{"/health":"ping","/v1/models":"predictions/$(MODEL_NAME)/1.0/v1/models","/v1/completions":"predictions/$(MODEL_NAME)/1.0/v1/completions"},"http2":false}' \
 		--tokenizer kind=hf_auto,model=$(GUIDELLM_TOKENIZER) \
 		--data kind=synthetic_text,$(GUIDELLM_TOKENS) \
 		--profile kind=concurrent,streams=$(GUIDELLM_STREAMS) \

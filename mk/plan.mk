@@ -5,7 +5,7 @@
 # make plan MODEL_DIR=/models/Llama-3.1-8B-Instruct INSTANCE=inf2.48xlarge SLO_ITL_MS=50 SLO_TTFT_MS=1000 \
 #           PROMPT_TOKENS=1500 OUTPUT_TOKENS=250
 # INSTANCE: one name or several (space-separated); empty: all of profiles/inf2-instances.yaml.
-# PLAN_ARGS: more scripts/plan.py options, e.g. "--weight-dtype int8 --slots 8,16,32 --top 20".
+# PLAN_ARGS: more scripts/plan/planner.py options, e.g. "--weight-dtype int8 --slots 8,16,32 --top 20".
 # Writes build/plan/plan-<model>.png and .json; offline, a few seconds.
 INSTANCE ?=
 SLO_ITL_MS ?= 50
@@ -17,6 +17,6 @@ PLAN_ARGS ?=
 .PHONY: plan
 
 plan: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
-	$(PY) scripts/plan.py --model $(MODEL_DIR) $(foreach i,$(INSTANCE),--instance $(i)) \
+	$(PY) -m scripts.plan.planner --model $(MODEL_DIR) $(foreach i,$(INSTANCE),--instance $(i)) \
 		--slo-itl-ms $(SLO_ITL_MS) --slo-ttft-ms $(SLO_TTFT_MS) \
 		--prompt-tokens $(PROMPT_TOKENS) --output-tokens $(OUTPUT_TOKENS) --out $(BUILD)/plan $(PLAN_ARGS)

@@ -10,5 +10,5 @@ PLUGIN_SOURCES := $(shell find serving/plugins/src -type f 2>/dev/null)
 
 plugins: $(PLUGINS_JAR)
 
-$(PLUGINS_JAR): $(PLUGIN_SOURCES) scripts/build_plugins.py | venv
-	$(PY) scripts/build_plugins.py --out $(PLUGINS_DIR) --force
+$(PLUGINS_JAR): $(PLUGIN_SOURCES) scripts/serve/build_plugins.py | venv
+	$(PY) -m scripts.serve.build_plugins --out $(PLUGINS_DIR) --force

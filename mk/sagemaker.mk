@@ -67,7 +67,7 @@ sagemaker-local: archive plugins
 	@echo
 	@echo "Container view on http://$(HOST):$(INFERENCE_PORT) (no token). Try:"
 	@echo "  curl -N http://$(HOST):$(INFERENCE_PORT)/invocations -H 'Content-Type: application/json' -d '{\"prompt\": \"Today the weather is\", \"max_new_tokens\": 32}'"
-	@echo "  $(PY) scripts/sagemaker_stream.py --url http://$(HOST):$(INFERENCE_PORT) \"Today the weather is\""
+	@echo "  $(PY) -m scripts.sagemaker.stream --url http://$(HOST):$(INFERENCE_PORT) \"Today the weather is\""
 	@echo "  make stop"
 
 # Your checkpoint (MODEL_DIR, compiled with `make compile MODEL_CONFIG=$(SAGEMAKER_MODEL_CONFIG)`),
@@ -76,16 +76,16 @@ sagemaker-local: archive plugins
 # (built into $(PLUGINS_DIR) by the script, after it has checked the checkpoint).
 sagemaker-archive: venv $(if $(and $(_sagemaker_tiny),$(filter 1,$(SAGEMAKER_ALLOW_TINY_MODEL))),model)
 	$(if $(_sagemaker_tiny_refused),$(error $(_sagemaker_tiny_message)))
-	$(PY) scripts/sagemaker_archive.py --model-dir $(MODEL_DIR) --config $(SAGEMAKER_MODEL_CONFIG) \
+	$(PY) -m scripts.sagemaker.archive --model-dir $(MODEL_DIR) --config $(SAGEMAKER_MODEL_CONFIG) \
 		--model-name $(MODEL_NAME) --build-dir $(SAGEMAKER_BUILD) --plugins-dir $(PLUGINS_DIR)
 
 sagemaker-upload: sagemaker-archive
-	$(PY) scripts/sagemaker_upload.py --model-dir $(SAGEMAKER_MODEL_FOLDER) --s3-uri $(SAGEMAKER_S3_URI) $(_aws_region)
+	$(PY) -m scripts.sagemaker.upload --model-dir $(SAGEMAKER_MODEL_FOLDER) --s3-uri $(SAGEMAKER_S3_URI) $(_aws_region)
 
 sagemaker-deploy: venv
 	$(call _require,SAGEMAKER_S3_URI,s3://my-bucket/$(MODEL_NAME)-inf2/)
 	$(call _require,SAGEMAKER_ROLE_ARN,arn:aws:iam::111122223333:role/SageMakerExecutionRole)
-	$(PY) scripts/sagemaker_deploy.py --model-data $(SAGEMAKER_S3_URI) --role-arn $(SAGEMAKER_ROLE_ARN) \
+	$(PY) -m scripts.sagemaker.deploy --model-data $(SAGEMAKER_S3_URI) --role-arn $(SAGEMAKER_ROLE_ARN) \
 		--endpoint-name $(SAGEMAKER_ENDPOINT) --instance-type $(SAGEMAKER_INSTANCE_TYPE) \
 		--instance-count $(SAGEMAKER_INSTANCE_COUNT) --volume-size $(SAGEMAKER_VOLUME_SIZE) \
 		--model-data-download-timeout $(SAGEMAKER_DOWNLOAD_TIMEOUT) \
@@ -93,8 +93,8 @@ sagemaker-deploy: venv
 		--wait --ready-timeout $(SAGEMAKER_READY_TIMEOUT) $(_aws_region) $(SAGEMAKER_DEPLOY_ARGS)
 
 sagemaker-stream: venv
-	$(PY) scripts/sagemaker_stream.py --endpoint-name $(SAGEMAKER_ENDPOINT) \
+	$(PY) -m scripts.sagemaker.stream --endpoint-name $(SAGEMAKER_ENDPOINT) \
 		--max-new-tokens $(SAGEMAKER_MAX_NEW_TOKENS) $(_aws_region) "$(PROMPT)"
 
 sagemaker-delete: venv
-	$(PY) scripts/sagemaker_delete.py --endpoint-name $(SAGEMAKER_ENDPOINT) $(_aws_region)
+	$(PY) -m scripts.sagemaker.delete --endpoint-name $(SAGEMAKER_ENDPOINT) $(_aws_region)

@@ -14,16 +14,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("INF2_INIT_FAILURE_HOLD_S", "3600")
 REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.tiers"]
-# The bench's per-slot baseline sampler (scripts/bench/per_slot_sampler.py) imports as the top-level
-# module it is in the archive whose TorchServe entry it is: `per_slot_sampler`.
-sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded default model, built fresh by the project's own script."""
     out = tmp_path_factory.mktemp("tiny-llama")
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), str(out)], check=True)
+    subprocess.run([sys.executable, "-m", "scripts.model.make_tiny_model", str(out)], check=True, cwd=REPO)
     return out
 
 

@@ -21,7 +21,7 @@ DEFAULT_MAX_SYMBOLS = 50_000
 DEFAULT_CACHE_BYTES = 256 * 2**20
 # What a compiled matcher holds, per character of its grammar: measured 14-20 bytes (RSS) for
 # 1 MB enum schemas with the tiny tokenizer, and the worker's growth under 300 distinct ones
-# (scripts/bench_memory.py) came to about 24; the lexer grows with the vocabulary, so this is an
+# (scripts/bench/memory.py) came to about 24; the lexer grows with the vocabulary, so this is an
 # estimate, stated as one (docs/operations.md).
 MATCHER_BYTES_PER_GRAMMAR_CHAR = 24
 MATCHER_BASE_BYTES = 64 * 1024

@@ -2,7 +2,7 @@
 alone (no weights, no SDK): the weights' share of one core, the KV cache's, and a runtime
 reserve, against the 16 GiB of HBM each Inferentia2 NeuronCore has. A device backend checks
 its configured layout with it before it loads or compiles anything, and the planner
-(scripts/plan*.py) drops layouts that do not fit.
+(scripts/plan/) drops layouts that do not fit.
 
 The rules, and where each comes from (transformers-neuronx 0.13, the last release, Dec 2024
 sync of github.com/aws-neuron/transformers-neuronx; NxD Inference from

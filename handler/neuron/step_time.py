@@ -1,5 +1,5 @@
 """A roofline model of one Inferentia2 model step, from the checkpoint's shape and the layout
-(no SDK, no device): what the capacity planner (`make plan`, scripts/plan.py) runs its
+(no SDK, no device): what the capacity planner (`make plan`, scripts/plan/planner.py) runs its
 discrete-event simulation on.
 
 Per NeuronCore (every core of a tp group does the same share of the work, in parallel):

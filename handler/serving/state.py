@@ -2,7 +2,7 @@
 workers tell each other about draining and failed starts (issue: readiness and drain).
 
 `INF2_STATE_DIR` names it; every launcher the project ships sets it (`make serve`,
-scripts/local_torchserve.py, the SageMaker container environment), the frontend passes its
+scripts/serve/local_torchserve.py, the SageMaker container environment), the frontend passes its
 environment to the workers, and the /ping plugin (serving/plugins) reads the same variable.
 Unset, draining and the failed-start marker are off and /ping reflects the workers only.
 

@@ -3,8 +3,8 @@ transformers' logits processors run on one row at a time, each slot with its own
 
 Kept only as the baseline the bench compares against, never in handler/ nor reachable from a
 model config:
-- P8: `scripts/bench_sampling.py` times both samplers in process;
-- P2s: `scripts/bench_suite.py` serves the sampled load once more from an archive whose TorchServe
+- P8: `scripts/bench/sampling.py` times both samplers in process;
+- P2s: `scripts/bench/suite.py` serves the sampled load once more from an archive whose TorchServe
   entry is this file (`handle` below): the archive's own handler with the sim backend sampling
   through `PerSlotSimModel`. Only an archive staged with this file as its handler gets it.
 """

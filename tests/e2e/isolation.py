@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 import httpx
 
 from handler.serving.ts_compat import TORCHSERVE_VERSION
-from scripts.soak import GAUGES, gauges
+from scripts.bench.soak import GAUGES, gauges
 from tests.support.torchserve_process import TorchServe
 
 N_SLOTS = 4

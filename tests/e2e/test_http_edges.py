@@ -11,7 +11,7 @@ import socket
 import httpx
 import pytest
 
-from scripts.torchserve_compat import has_secure_defaults
+from scripts.serve.torchserve_compat import has_secure_defaults
 from tests.support.torchserve_process import TorchServe
 
 BODY = {"prompt": "Today the weather is", "max_new_tokens": 5, "ignore_eos": True, "stream": False}

@@ -1,9 +1,9 @@
 """`make eval` for real: lm-eval 0.4.13 (its own venv) against a real torchserve with the hf
-backend and the tiny model, on a slice of the shipped tasks (scripts/eval.py).
+backend and the tiny model, on a slice of the shipped tasks (scripts/eval/evaluate.py).
 
 It must finish with scores for both tasks, every loglikelihood lm-eval computed from our
 prompt logprobs must equal the model's own (transformers, directly, no server), and
-scripts/eval_compare.py must find a run identical to itself and tell two different runs apart.
+scripts/eval/compare.py must find a run identical to itself and tell two different runs apart.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.eval import latest_results
-from scripts.eval_compare import load_samples
+from scripts.eval.compare import load_samples
+from scripts.eval.evaluate import latest_results
 from tests.support.modes import with_mode
 from tests.support.tool_venv import tool_bin
 from tests.support.torchserve_process import TorchServe, start_torchserve
@@ -50,11 +50,11 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def run_eval(server: TorchServe, tiny_model_dir: Path, out: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(REPO / "scripts" / "eval.py"), "--url", server.url, "--model", server.model_name]
+    command = [sys.executable, "-m", "scripts.eval.evaluate", "--url", server.url, "--model", server.model_name]
     command += ["--tokenizer", str(tiny_model_dir), "--key-file", str(server.key_file), "--limit", str(LIMIT)]
     command += ["--max-length", str(N_POSITIONS), "--out", str(out)]
     command += ["--lm-eval", str(tool_bin("lm-eval", "requirements-eval.txt", "lm_eval"))]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
 def loglikelihood(model_log_softmax, tokenizer, context: str, continuation: str) -> float:
@@ -91,9 +91,9 @@ def test_lm_eval_scores_both_tasks_from_the_models_own_loglikelihoods(
         assert isinstance(sample["filtered_resps"][0], str)
 
     # The comparison: a run against itself agrees everywhere; a changed loglikelihood is caught.
-    compare = [sys.executable, str(REPO / "scripts" / "eval_compare.py")]
+    compare = [sys.executable, "-m", "scripts.eval.compare"]
     same = subprocess.run(
-        [*compare, str(out), str(out), "--strict", "--max-ll-diff", "0"], capture_output=True, text=True
+        [*compare, str(out), str(out), "--strict", "--max-ll-diff", "0"], capture_output=True, text=True, cwd=REPO
     )
     assert same.returncode == 0 and f"same choice: {LIMIT}/{LIMIT}" in same.stdout, same.stdout + same.stderr
     altered = tmp_path / "altered"
@@ -102,5 +102,7 @@ def test_lm_eval_scores_both_tasks_from_the_models_own_loglikelihoods(
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     lines[0]["filtered_resps"][0][0] = str(float(lines[0]["filtered_resps"][0][0]) - 0.5)
     (altered / path.name).write_text("".join(json.dumps(line) + "\n" for line in lines))
-    differs = subprocess.run([*compare, str(out), str(altered), "--max-ll-diff", "0.1"], capture_output=True, text=True)
+    differs = subprocess.run(
+        [*compare, str(out), str(altered), "--max-ll-diff", "0.1"], capture_output=True, text=True, cwd=REPO
+    )
     assert differs.returncode == 1 and "max 5.00e-01" in differs.stdout, differs.stdout + differs.stderr

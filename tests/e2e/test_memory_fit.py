@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts.torchserve_compat import has_secure_defaults
+from scripts.serve.torchserve_compat import has_secure_defaults
 from tests.support.torchserve_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]

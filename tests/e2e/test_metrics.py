@@ -1,22 +1,19 @@
 """A real torchserve in Prometheus mode: after one request, /metrics shows the token metrics."""
 
 import shutil
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from handler.serving.metrics import ALL_METRICS, FILL, REPLICA_OCCUPIED, REPLICAS_READY
-from tests.support.bench import sim_model_yaml
-from tests.support.modes import MODES, with_mode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 # The bench's server: the properties `make serve` gets too (serving/local.properties: metrics_mode=prometheus,
 # model_metrics_auto_detect=true), free ports, and its own temp directory.
-import bench_server
-from local_torchserve import local_properties
+from scripts.bench import server as bench_server
+from scripts.serve.local_torchserve import local_properties
+from tests.support.bench import sim_model_yaml
+from tests.support.modes import MODES, with_mode
 
 REPLICA_METRICS = (REPLICAS_READY, REPLICA_OCCUPIED)
 LAYOUTS = [(mode, 1) for mode in MODES] + [("continuous", 2)]

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from scripts.bench_stats import percentile
+from scripts.bench.stats import percentile
 from tests.support.torchserve_process import TorchServe, copy_logs_on_failure, start_torchserve
 
 N_SLOTS, BATCH_SIZE, JOB_QUEUE_SIZE = 2, 4, 4

@@ -39,7 +39,7 @@ from handler.serving.state import (
     write_drain,
     write_replica_health,
 )
-from scripts.torchserve_compat import has_secure_defaults
+from scripts.serve.torchserve_compat import has_secure_defaults
 from tests.support.modes import MODES, with_mode
 from tests.support.torchserve_process import TorchServe, free_port, start_torchserve
 
@@ -205,9 +205,9 @@ def test_ping_needs_the_key_where_token_auth_is_on(warming):
     else:  # 0.11 has no token authorization
         assert response.status_code == 200
     # what an exec probe runs: the client reads the key when it runs (TorchServe writes a new one at each start)
-    client = [sys.executable, str(REPO / "scripts" / "client.py"), "--url", server.url]
+    client = [sys.executable, "-m", "scripts.serve.client", "--url", server.url]
     done = subprocess.run(
-        [*client, "--key-file", str(server.key_file), "ping"], capture_output=True, text=True, timeout=60
+        [*client, "--key-file", str(server.key_file), "ping"], capture_output=True, text=True, timeout=60, cwd=REPO
     )
     assert (done.returncode, done.stdout.strip()) == (0, '200 {"status": "Healthy"}'), done.stderr
 

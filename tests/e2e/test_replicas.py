@@ -22,7 +22,7 @@ import httpx
 import psutil
 import pytest
 
-from scripts.soak import gauges
+from scripts.bench.soak import gauges
 from tests.e2e.faults import SIM_CONFIG, InBackground, Outcome, alive, openai_url
 from tests.support.modes import with_mode
 from tests.support.torchserve_process import TorchServe, start_torchserve

@@ -18,9 +18,9 @@ import httpx
 import pytest
 import yaml
 
-from scripts.local_torchserve import LOCAL_PROPERTIES, read_properties
-from scripts.sagemaker_common import SAGEMAKER_PROPERTIES
-from scripts.torchserve_compat import has_secure_defaults
+from scripts.sagemaker.common import SAGEMAKER_PROPERTIES
+from scripts.serve.local_torchserve import LOCAL_PROPERTIES, read_properties
+from scripts.serve.torchserve_compat import has_secure_defaults
 from tests.support.sse import DONE, events
 
 REPO = Path(__file__).resolve().parents[2]

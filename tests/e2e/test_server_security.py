@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from scripts.torchserve_compat import has_secure_defaults
+from scripts.serve.torchserve_compat import has_secure_defaults
 
 
 def test_registering_a_model_from_a_url_is_refused(server):

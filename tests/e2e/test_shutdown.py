@@ -1,5 +1,5 @@
 """Graceful shutdown through a real torchserve: the stop that `make stop` runs
-(scripts/stop_server.py, here through the harness's TorchServe.stop) drains the server.
+(scripts/serve/stop_server.py, here through the harness's TorchServe.stop) drains the server.
 
 Streams in flight when the stop begins either finish (with a finish_reason) within the
 grace period or end with an in-band error line at its deadline, never cut without one; a
@@ -18,7 +18,7 @@ import pytest
 
 from handler.serving import drain
 from handler.serving.state import DRAIN_FILE
-from scripts.stop_server import DRAIN_MARGIN_S, StopReport
+from scripts.serve.stop_server import DRAIN_MARGIN_S, StopReport
 from tests.e2e.faults import InBackground, Outcome, alive, openai_url, request, start_sim_server
 from tests.support.modes import MODES
 from tests.support.torchserve_process import TorchServe

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts.torchserve_compat import has_secure_defaults
+from scripts.serve.torchserve_compat import has_secure_defaults
 from tests.e2e.conftest import E2E_MODEL_CONFIG
 from tests.support.modes import with_mode
 from tests.support.torchserve_process import TorchServe, start_torchserve
@@ -41,7 +41,7 @@ def short_lived(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def client(server: TorchServe, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, str(REPO / "scripts" / "client.py"), "--url", server.url, "--model", server.model_name]
+    command = [sys.executable, "-m", "scripts.serve.client", "--url", server.url, "--model", server.model_name]
     command += ["--key-file", str(server.key_file)]
     command += ["--management-url", f"http://127.0.0.1:{server.management_port}", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts.soak import gauges
+from scripts.bench.soak import gauges
 from tests.e2e.faults import N_SLOTS, InBackground, Outcome, alive, openai_url, start_sim_server
 from tests.support.torchserve_process import TorchServe
 

@@ -33,7 +33,7 @@ def prompt(backend: HFBackend, text: str) -> tuple[int, ...]:
 
 
 def long_prompt(backend: HFBackend, n: int) -> tuple[int, ...]:
-    ids = backend.encode((REPO / "scripts" / "corpus.txt").read_text())
+    ids = backend.encode((REPO / "scripts" / "model" / "corpus.txt").read_text())
     return tuple(ids[i % len(ids)] for i in range(n))
 
 

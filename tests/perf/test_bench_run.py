@@ -13,8 +13,6 @@ import pytest
 
 from tests.support.bench import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
-
 P_LINE = re.compile(r"P\d[a-z-]* \d+\.\d\d  goal [<>]= [\d.]+ (met|NOT met)  = .+ / .+")
 RATIOS = ["P1", "P2", "P3", "P4", "P2s", "P8a", "P8a-greedy", "P8b", "P8b-greedy"]
 
@@ -37,12 +35,12 @@ def check_mode_results(mode: dict, counts: list[int], output_tokens: int) -> Non
 @pytest.mark.timeout(480)
 def test_bench_suite_runs_both_modes_on_a_tiny_load(tiny_model_dir, tmp_path):
     out = tmp_path / "result"
-    cmd = [sys.executable, str(REPO / "scripts" / "bench_suite.py"), "--model-dir", str(tiny_model_dir)]
+    cmd = [sys.executable, "-m", "scripts.bench.suite", "--model-dir", str(tiny_model_dir)]
     cmd += ["--workdir", str(tmp_path / "work"), "--out", str(out), "--no-progress", "--time-scale", "0.5"]
     cmd += ["--sync-requests", "2", "--concurrent-rounds", "1", "--poisson-requests", "6", "--output-tokens", "12"]
     cmd += ["--sweep", "0.5", "--sweep-min-requests", "3", "--sweep-seconds", "0.01", "--des-requests", "200"]
     cmd += ["--no-replicas", "--no-constrained"]  # P7's and P9's stages have their own tests
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=460)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=460, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     last = proc.stdout.strip().splitlines()[-len(RATIOS) :]
@@ -74,7 +72,7 @@ def test_bench_suite_runs_both_modes_on_a_tiny_load(tiny_model_dir, tmp_path):
 
 
 def test_in_process_reference_for_hf_through_the_cli(tiny_model_dir, tmp_path):
-    from bench_suite import backend_reference, hf_model_config
+    from scripts.bench.suite import backend_reference, hf_model_config
 
     ref = backend_reference(hf_model_config(2), tiny_model_dir, tmp_path, prompt_tokens=8, output_tokens=6, repeats=1)
     assert ref["backend"] == "hf" and ref["batch_size"] == 2
@@ -98,10 +96,9 @@ class _StandIn:
 
 
 def test_suite_end_to_end_against_a_stand_in_server(tmp_path, monkeypatch, capsys):
-    import bench_des as des
-    import bench_suite
-
     from handler.backends.sim_profile import load_profile
+    from scripts.bench import des
+    from scripts.bench import suite as bench_suite
 
     started: list[dict] = []
     entries: list = []

@@ -1,4 +1,4 @@
-"""The soak in short: one minute of `make soak` (scripts/soak.py) against its own torchserve.
+"""The soak in short: one minute of `make soak` (scripts/bench/soak.py) against its own torchserve.
 
 The sim backend at 70 % of capacity (one model copy, and two replicas behind the one worker),
 native and OpenAI routes, streamed and not, 10 % of the
@@ -27,10 +27,10 @@ def test_a_minute_of_mixed_load_loses_nothing_and_leaks_no_slot(
     replicas: int, tiny_model_dir: Path, tmp_path: Path, request
 ):
     out = tmp_path / "soak.json"
-    cmd = [sys.executable, str(REPO / "scripts" / "soak.py"), "--minutes", str(SOAK_MINUTES)]
+    cmd = [sys.executable, "-m", "scripts.bench.soak", "--minutes", str(SOAK_MINUTES)]
     cmd += ["--replicas", str(replicas)]
     cmd += ["--model-dir", str(tiny_model_dir), "--workdir", str(tmp_path / "ts"), "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=360)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=360, cwd=REPO)
     print(proc.stdout)
     if proc.returncode != 0 and (tmp_path / "ts" / "logs").exists():
         import shutil

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +45,8 @@ class FakeClock:
 @pytest.fixture
 def fake_clock() -> FakeClock:
     return FakeClock()
+
+
+# P9's own line (scripts/bench/constrained.py) and its line in the suite's ratios
+P9_LINE = re.compile(r"P9 = \d+\.\d{3} ms / \d+\.\d\d ms = \d+\.\d{4} goal <= 0\.05 (met|missed)( \(.+\))?")
+SUITE_LINE = re.compile(r"P9 \d+\.\d\d  goal <= 0\.05 (met|NOT met)  = .+ / .+")

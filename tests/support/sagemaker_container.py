@@ -1,5 +1,5 @@
 """The SageMaker container's view of torchserve on this host: started as the DLC's toolkit
-starts it, with the environment scripts/sagemaker_deploy.py sets."""
+starts it, with the environment scripts/sagemaker/deploy.py sets."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from typing import Any
 
 import httpx
 
-from scripts.build_plugins import build as build_plugins
-from scripts.sagemaker_common import (
+from scripts.sagemaker.common import (
     CONTAINER_MODEL_DIR,
     PLUGINS_SUBDIR,
     PROPERTIES_NAME,
     SAGEMAKER_PROPERTIES,
     container_environment,
 )
+from scripts.serve.build_plugins import build as build_plugins
 from tests.support.torchserve_process import TorchServe, free_port
 
 REPO = Path(__file__).resolve().parents[2]

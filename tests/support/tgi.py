@@ -8,7 +8,7 @@ import pytest
 from huggingface_hub import InferenceClient
 
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
-from scripts.torchserve_compat import has_secure_defaults
+from scripts.serve.torchserve_compat import has_secure_defaults
 from tests.support.modes import MODES, with_mode
 from tests.support.torchserve_process import TorchServe, start_torchserve
 

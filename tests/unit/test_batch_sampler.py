@@ -8,11 +8,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from per_slot_sampler import PerSlotSampler
 
 from handler.request import SamplingParams, SlotRequest
 from handler.sampling.choice import argmax_rows, choose_sorted, sorted_candidates
 from handler.sampling.sampler import BatchSampler
+from scripts.bench.per_slot_sampler import PerSlotSampler
 
 EOS = 3
 

@@ -1,7 +1,7 @@
 """Per-token host work must not grow with the tokens generated so far: each `Sequence.take`
 decodes a short window, never the whole completion. Checked structurally (how many ids each
 `decode` call is given), not by timing, so it holds on a noisy machine; the timed view is
-scripts/bench_detokenize.py."""
+scripts/bench/detokenize.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from handler.engine.detokenizer import IncrementalDetokenizer
 from handler.engine.sequence import FinishReason, Sequence
 from handler.request import GenerationRequest, TokenChoice
 
-CORPUS = Path(__file__).resolve().parents[2] / "scripts" / "corpus.txt"
+CORPUS = Path(__file__).resolve().parents[2] / "scripts" / "model" / "corpus.txt"
 WINDOW_BOUND = 16  # ids in one decode call: context + a held run, whatever the length so far
 
 

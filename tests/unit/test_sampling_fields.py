@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from per_slot_sampler import PerSlotSimModel
 
 from handler.backends import sim
 from handler.backends.sim import SimBackend
@@ -23,6 +22,7 @@ from handler.request import Constraint, GenerationRequest, SamplingParams, SlotR
 from handler.sampling import shaping
 from handler.sampling.choice import choose_sorted, sorted_candidates
 from handler.sampling.sampler import BatchSampler, _Workspace
+from scripts.bench.per_slot_sampler import PerSlotSimModel
 from tests.support.bench import FakeClock, sim_model_yaml
 
 EOS = 3

@@ -1,9 +1,8 @@
-"""The slot scheduler on its own (no model, no engine), and against scripts/bench_des.py's
+"""The slot scheduler on its own (no model, no engine), and against scripts/bench/des.py's
 `continuous` policy, the reference model of continuous batching."""
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +13,8 @@ from handler.backends.sim_profile import Profile, load_profile
 from handler.engine.scheduler import Admission, SlotScheduler
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_des import Load, Policy, Shape, simulate
+from scripts.bench.des import Load, Policy, Shape, simulate
 
 PROFILE_7B = REPO / "profiles" / "llama-2-7b-inf2-48xl-tp24.yaml"
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scripts import torchserve_compat
+from scripts.serve import torchserve_compat
 
 
 @pytest.mark.parametrize(("version", "secure"), [((0, 11, 0), False), ((0, 11, 1), False), ((0, 12, 0), True)])

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from scripts.torchserve_compat import has_secure_defaults
+from scripts.serve.torchserve_compat import has_secure_defaults
 from tests.support.guidellm_env import guidellm_bin
 from tests.support.openai import E2E_MODEL_CONFIG
 from tests.support.sse import DONE, events

@@ -1,6 +1,6 @@
 """The SageMaker container contract against a real torchserve started as the DLC's toolkit
 starts it (its own config file, `--models model=<folder>`), with the environment
-scripts/sagemaker_deploy.py sends (TS_CONFIG_FILE -> the archive's sagemaker.properties):
+scripts/sagemaker/deploy.py sends (TS_CONFIG_FILE -> the archive's sagemaker.properties):
 /ping and /invocations without a token, bodies handed over as bytes, streamed NDJSON that
 arrives while the model generates, no model registration over HTTP."""
 
@@ -16,9 +16,9 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from scripts import sagemaker_archive
-from scripts.sagemaker_common import PROPERTIES_NAME
-from scripts.sagemaker_stream import http_payloads, request_body, stream_text
+from scripts.sagemaker import archive as sagemaker_archive
+from scripts.sagemaker.common import PROPERTIES_NAME
+from scripts.sagemaker.stream import http_payloads, request_body, stream_text
 from tests.support.sagemaker_container import CONTAINER_MODEL_CONFIG, start_container
 from tests.support.sse import DONE, events
 

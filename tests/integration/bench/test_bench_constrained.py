@@ -1,4 +1,4 @@
-"""scripts/bench_constrained.py (P9) on the tiny model's 512-token tokenizer: the measurement runs
+"""scripts/bench/constrained.py (P9) on the tiny model's 512-token tokenizer: the measurement runs
 the project's GrammarMasks (and BatchSampler, once it takes constraints) end to end, every
 finished output is a valid document, and the report and the suite's P9 line have their shape.
 No timing is asserted: these are benchmark numbers."""
@@ -8,23 +8,14 @@ from __future__ import annotations
 import inspect
 import json
 import random
-import re
-import sys
 
 import pytest
 import torch
 
-from tests.support.bench import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-
-import bench_constrained as bc
-import bench_suite
-
 from handler.sampling.sampler import BatchSampler
-
-P9_LINE = re.compile(r"P9 = \d+\.\d{3} ms / \d+\.\d\d ms = \d+\.\d{4} goal <= 0\.05 (met|missed)( \(.+\))?")
-SUITE_LINE = re.compile(r"P9 \d+\.\d\d  goal <= 0\.05 (met|NOT met)  = .+ / .+")
+from scripts.bench import constrained as bc
+from scripts.bench import suite as bench_suite
+from tests.support.bench import P9_LINE, SUITE_LINE
 
 
 @pytest.fixture(scope="module")
@@ -103,29 +94,3 @@ def test_report_json_and_the_suites_p9_line(measured):
     ratio = bench_suite.p9(bench_suite.Constrained(figures, text))
     assert ratio.name == "P9" and ratio.value == figures["p9"]
     assert SUITE_LINE.fullmatch(ratio.line()), ratio.line()
-
-
-def test_the_suite_stages_p9_and_prints_it_last(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    """`make bench`'s wiring with no scheduler mode and no replicas: the real script in its own
-    process (on the tiny tokenizer, briefly), its report in the tables, P9 the last line."""
-    real = bench_suite.run_constrained
-    tiny = ["--llama3-tokenizer", str(tiny_model_dir), "--rows", "2", "--generations", "2", "--repeats", "1"]
-    tiny += ["--sampler-steps", "100", "--sampler-repeats", "1"]
-    monkeypatch.setattr(bench_suite, "run_constrained", lambda workdir: real(workdir, tiny))
-    monkeypatch.setattr(bench_suite.bench_sampling, "measure", lambda **_: [])  # no P8: tested elsewhere
-    out = tmp_path / "bench-sim"
-    argv = ["--out", str(out), "--workdir", str(tmp_path), "--modes", "none", "--no-replicas", "--des-requests", "0"]
-    bench_suite.main(argv)
-
-    text = capsys.readouterr().out
-    assert "constrained decoding per step (scripts/bench_constrained.py): 2 rows x 512" in text
-    assert P9_LINE.search(text) and "not P9's vocabulary" in text
-    assert SUITE_LINE.fullmatch(text.strip().splitlines()[-1])
-    meta = json.loads(out.with_suffix(".json").read_text())["meta"]
-    assert set(meta["ratios"]) == {"P9"} and meta["ratios"]["P9"] == meta["constrained"]["p9"]
-    figures = meta["constrained"]
-    assert figures["vocab"] == tiny_model_dir.name and figures["rows"] == 2
-    assert figures["outputs"] >= 2 and figures["valid"] == figures["outputs"]
-
-    assert bench_suite.main(argv + ["--no-constrained"]) is None
-    assert "P9" not in capsys.readouterr().out

@@ -4,13 +4,13 @@ the wall clock), single-row prefills, determinism, EOS, and slot bookkeeping."""
 from pathlib import Path
 
 import pytest
-from per_slot_sampler import PerSlotSimModel
 
 from handler.backends import sim
 from handler.backends.sim import SimBackend
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.request import SamplingParams, SlotRequest
+from scripts.bench.per_slot_sampler import PerSlotSimModel
 from tests.support.bench import FakeClock, sim_model_yaml
 
 

@@ -1,8 +1,9 @@
-"""make checkpoint (scripts/prepare_checkpoint.py) and make compile (scripts/compile.py) with the fake SDK."""
+"""make checkpoint (scripts/model/prepare_checkpoint.py) and make compile (scripts/model/compile.py)
+with the fake SDK."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import shutil
 from pathlib import Path
@@ -18,10 +19,7 @@ pytestmark = pytest.mark.usefixtures("fake_neuronx")
 
 
 def script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"scripts.model.{name}")
 
 
 def logits_of(path: Path) -> torch.Tensor:

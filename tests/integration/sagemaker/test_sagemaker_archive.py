@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.sagemaker_common import SAGEMAKER_MODEL_CONFIG, SAGEMAKER_PROPERTIES
-from scripts.sagemaker_upload import check_model_folder
-from scripts.stage_archive import stage_code
+from scripts.sagemaker.common import SAGEMAKER_MODEL_CONFIG, SAGEMAKER_PROPERTIES
+from scripts.sagemaker.upload import check_model_folder
+from scripts.serve.stage_archive import stage_code
 
 REPO = Path(__file__).resolve().parents[3]
 VENV = Path(sys.prefix)
@@ -74,7 +74,7 @@ def built(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Bui
 
 
 def upload_folder(built: Built) -> Path:
-    """The --model-dir that `make sagemaker-upload` hands to scripts/sagemaker_upload.py."""
+    """The --model-dir that `make sagemaker-upload` hands to scripts/sagemaker/upload.py."""
     result = make(
         "-n",
         "sagemaker-upload",
@@ -84,7 +84,7 @@ def upload_folder(built: Built) -> Path:
         "SAGEMAKER_S3_URI=s3://my-bucket/llama-inf2/",
     )
     assert result.returncode == 0, result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "scripts/sagemaker_upload.py" in line]
+    (line,) = [line for line in result.stdout.splitlines() if "scripts.sagemaker.upload" in line]
     words = shlex.split(line)
     return REPO / words[words.index("--model-dir") + 1]
 

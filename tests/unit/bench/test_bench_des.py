@@ -1,14 +1,11 @@
 """The discrete-event policy reference: hand-checkable traces, not timings."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-
-from bench_des import (
+from handler.backends.sim_profile import load_profile
+from scripts.bench.des import (
     Load,
     Policy,
     Shape,
@@ -20,9 +17,7 @@ from bench_des import (
     scaled,
     simulate,
 )
-from bench_stats import arrival_offsets
-
-from handler.backends.sim_profile import load_profile
+from scripts.bench.stats import arrival_offsets
 from tests.support.bench import PROFILE_7B
 
 CONT = Policy("continuous", 8)

@@ -4,16 +4,21 @@ parsing, the suite's model configs and load plan, the sweep and its plot."""
 import argparse
 import copy
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-
-from bench import Lengths, Load, _parse_event, parse_load
-from bench_stats import SweepPoint, arrival_offsets, format_table, from_dict, knee, percentile, summarize, sweep_points
-from bench_suite import (
+from scripts.bench.client import Lengths, Load, _parse_event, parse_load
+from scripts.bench.stats import (
+    SweepPoint,
+    arrival_offsets,
+    format_table,
+    from_dict,
+    knee,
+    percentile,
+    summarize,
+    sweep_points,
+)
+from scripts.bench.suite import (
     ModeRun,
     Ratio,
     compute_ratios,
@@ -24,7 +29,6 @@ from bench_suite import (
     sim_model_config,
     with_scheduler,
 )
-
 from tests.support.bench import PROFILE_7B
 
 
@@ -238,7 +242,7 @@ def test_table_with_limits():
 
 
 def test_sweep_plot_on_synthetic_data(tmp_path):
-    from bench_plot import plot_sweep
+    from scripts.bench.plot import plot_sweep
 
     fractions = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
     curves = {

@@ -1,4 +1,4 @@
-"""`make plan` (scripts/plan.py): on the tiny model and on a 7B config.json it finishes and names
+"""`make plan` (scripts/plan/planner.py): on the tiny model and on a 7B config.json it finishes and names
 a winner whose model-config.yaml snippet the handler accepts; layouts that cannot load say which
 limit they hit. No timing assertions: the sweep is a model, and the machine is shared."""
 
@@ -13,12 +13,10 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent.parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-import plan
-from plan_layouts import Candidate, Workload, fit_problem_of, load_instances
-
 from handler.config import ServingConfig
 from handler.neuron.memory import ModelShape
+from scripts.plan import planner as plan
+from scripts.plan.layouts import Candidate, Workload, fit_problem_of, load_instances
 
 CONFIGS = REPO / "tests" / "fixtures" / "configs"
 
@@ -29,7 +27,7 @@ def snippet_of(output: str) -> dict:
 
 
 def run_plan(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    """scripts/plan.py's exit code and what it printed (stdout, then stderr)."""
+    """scripts/plan/planner.py's exit code and what it printed (stdout, then stderr)."""
     code = plan.main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out + captured.err

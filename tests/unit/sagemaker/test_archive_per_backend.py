@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts import sagemaker_archive
-from scripts.sagemaker_common import DLCS, REPO, SAGEMAKER_MODEL_CONFIG, dlc_for, manylinux_platforms
-from scripts.sagemaker_upload import check_model_folder
+from scripts.sagemaker import archive as sagemaker_archive
+from scripts.sagemaker.common import DLCS, REPO, SAGEMAKER_MODEL_CONFIG, dlc_for, manylinux_platforms
+from scripts.sagemaker.upload import check_model_folder
 
 NXDI_MODEL_CONFIG = REPO / "configs" / "model-config-sagemaker-inf2-nxdi.yaml"
 

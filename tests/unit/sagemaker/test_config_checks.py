@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from handler.config import ServingConfig
-from scripts.sagemaker_common import (
+from scripts.sagemaker.common import (
     LOAD_SAFE_TIMEOUT_S,
     REPO,
     SAGEMAKER_MODEL_CONFIG,

@@ -18,10 +18,11 @@ from botocore.stub import Stubber
 from moto import mock_aws
 from moto.sagemaker.models import FakeEndpointConfig
 
-from scripts import sagemaker_deploy, sagemaker_upload
-from scripts.sagemaker_common import split_s3_uri
-from scripts.sagemaker_delete import delete
-from scripts.sagemaker_deploy import Autoscaling, Clients, Deployment, Probe, deploy
+from scripts.sagemaker import deploy as sagemaker_deploy
+from scripts.sagemaker import upload as sagemaker_upload
+from scripts.sagemaker.common import split_s3_uri
+from scripts.sagemaker.delete import delete
+from scripts.sagemaker.deploy import Autoscaling, Clients, Deployment, Probe, deploy
 
 REGION = "us-west-2"
 ROLE = "arn:aws:iam::123456789012:role/SageMakerExecution"

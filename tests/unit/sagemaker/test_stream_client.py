@@ -1,4 +1,4 @@
-"""scripts/sagemaker_stream.py: lines reassembled from event payloads split anywhere,
+"""scripts/sagemaker/stream.py: lines reassembled from event payloads split anywhere,
 multi-byte UTF-8 characters included; the invoke call through a real botocore client
 (parameters validated and serialized, the event stream decoded by botocore); errors in the
 stream reported as a message and exit status 1."""
@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from scripts.sagemaker_stream import (
+from scripts.sagemaker.stream import (
     LineAssembler,
     StreamError,
     main,

@@ -1,0 +1,1 @@
+"""The project's commands, by area; run as `python -m scripts.<area>.<module>` from the repository root."""

@@ -1,0 +1,155 @@
+"""`make plan`'s load sweep: one layout's modelled step times as a sim profile, and the
+discrete-event simulation of our continuous scheduler (scripts/bench/des.py, the `continuous`
+policy: single-row prefills within `prefill_token_budget`, then a decode of every slot) on
+Poisson loads, up to the highest rate that keeps TTFT p90 and ITL p50 within the SLO.
+
+Replicas: the dispatcher sends each new request to the replica with the fewest sequences
+(handler/replicas). With identical replicas and requests that is close to round robin, so one
+replica is simulated on every R-th arrival of the instance's Poisson stream, and the instance
+serves R times its output. Each load is one replica's `requests` requests from an empty
+system; its figures are bench_stats.summarize's.
+
+The decode step is charged at the compiled batch (every slot, whatever is live: the static
+shapes of a continuous-batching Neuron model) and at the token bucket of the longest row
+(prompt + output); a prefill at its prompt bucket (handler/neuron/step_time.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from handler.backends.sim_profile import Profile
+from handler.neuron.step_time import Calibration, CoreWork, decode_ms, prefill_ms, token_bucket
+from scripts.bench import des
+from scripts.bench.stats import LoadSummary, arrival_offsets
+from scripts.plan.layouts import Workload
+
+FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)  # of one replica's saturated rate, tried in order
+BISECTIONS = 2  # then halve the gap between the last rate within the SLO and the first beyond it, this often
+REQUESTS_PER_LOAD = 240  # per simulated replica
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_p90_ms: float
+    itl_p50_ms: float
+
+    def miss(self, s: LoadSummary) -> str | None:
+        """What a load misses, or None. A figure that was not measured (NaN) is a miss."""
+        out = []
+        if not s.ttft_ms.p90 <= self.ttft_p90_ms:
+            out.append(f"TTFT p90 {s.ttft_ms.p90:.0f} ms > {self.ttft_p90_ms:g}")
+        if not s.itl_ms.p50 <= self.itl_p50_ms:
+            out.append(f"ITL p50 {s.itl_ms.p50:.1f} ms > {self.itl_p50_ms:g}")
+        return ", ".join(out) or None
+
+
+def step_profile(
+    name: str, work: CoreWork, cal: Calibration, n_slots: int, n_positions: int, workload: Workload, vocab: int
+) -> Profile:
+    """The layout's modelled times as a sim profile (what bench_des simulates)."""
+    kv_positions = token_bucket(workload.longest_prompt + workload.output_tokens, n_positions)
+    step = round(decode_ms(work, n_slots, kv_positions, cal), 4)
+    buckets = workload.buckets()
+    return Profile(
+        name=name,
+        source="handler/neuron/step_time.py, calibrated on profiles/published-points.yaml",
+        batch_size=n_slots,
+        n_positions=n_positions,
+        vocab_size=max(2, vocab),
+        context_buckets=tuple(buckets),
+        decode_step_ms={1: step, n_slots: step},  # every slot computed, live or not
+        prefill_ms={b: round(prefill_ms(work, 1, b, cal), 4) for b in buckets},
+    )
+
+
+@dataclass
+class LoadPoint:
+    rate: float  # the instance's offered req/s
+    replicas: int
+    summary: LoadSummary  # one replica's
+    miss: str | None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.summary.output_tokens_per_s * self.replicas
+
+
+@dataclass
+class Sweep:
+    points: list[LoadPoint] = field(default_factory=list)
+
+    @property
+    def best(self) -> LoadPoint | None:
+        within = [p for p in self.points if p.miss is None]
+        return max(within, key=lambda p: p.rate) if within else None
+
+    @property
+    def first_miss(self) -> str | None:
+        ordered = sorted(self.points, key=lambda p: p.rate)
+        return ordered[0].miss if ordered else None
+
+
+def replica_capacity(profile: Profile, workload: Workload) -> float:
+    """One replica's saturated req/s in closed form: every prefill stalls the replica's decode and
+    every slot is refilled as it ends, so a request costs its prefill plus its share of the decode
+    steps, 1 / (prefill(1 row, prompt) + (output - 1) x decode(n_slots) / n_slots). An upper bound
+    of what bench_des.capacity simulates, and no simulation: the sweep's loads are its fractions."""
+    n = profile.batch_size
+    per_request = profile.prefill_s(1, workload.prompt_tokens) + (workload.output_tokens - 1) * profile.decode_s(n) / n
+    return 1 / per_request
+
+
+def run_load(
+    profile: Profile,
+    replicas: int,
+    rate: float,
+    workload: Workload,
+    budget: int = des.DEFAULT_BUDGET,
+    requests: int = REQUESTS_PER_LOAD,
+    seed: int = 0,
+) -> LoadSummary:
+    """One replica of `replicas` on every R-th arrival of a Poisson stream at `rate` (the instance's)."""
+    times = arrival_offsets("poisson", rate, requests * replicas, seed + des.ARRIVAL_SEED)[::replicas]
+    load = des.Load("poisson", len(times), rate=rate / replicas, times=tuple(t - times[0] for t in times))
+    shape = des.Shape(workload.prompt_tokens, workload.output_tokens, workload.prompt_spread, seed)
+    policy = des.Policy("continuous", profile.batch_size, prefill_token_budget=budget)
+    return des.summarize_served(f"{rate:.3g} req/s", load, des.simulate(profile, policy, load, shape))
+
+
+def sweep(
+    profile: Profile,
+    replicas: int,
+    workload: Workload,
+    slo: SLO,
+    fractions: Sequence[float] = FRACTIONS,
+    bisections: int = BISECTIONS,
+    budget: int = des.DEFAULT_BUDGET,
+    requests: int = REQUESTS_PER_LOAD,
+) -> Sweep:
+    """Rates in order of `fractions` of the capacity until one misses the SLO, then bisect."""
+    capacity = replica_capacity(profile, workload) * replicas
+    result = Sweep()
+
+    def at(fraction: float) -> LoadPoint:
+        rate = fraction * capacity
+        summary = run_load(profile, replicas, rate, workload, budget, requests)
+        point = LoadPoint(rate, replicas, summary, slo.miss(summary))
+        result.points.append(point)
+        return point
+
+    low, high = 0.0, None
+    for fraction in fractions:
+        if at(fraction).miss is not None:
+            high = fraction
+            break
+        low = fraction
+    if high is not None and low > 0:
+        for _ in range(bisections):
+            middle = (low + high) / 2
+            if at(middle).miss is None:
+                low = middle
+            else:
+                high = middle
+    return result

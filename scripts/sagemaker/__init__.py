@@ -1,0 +1,1 @@
+"""SageMaker: the model folder, S3 upload, deploy, stream, delete."""

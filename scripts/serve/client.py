@@ -1,0 +1,214 @@
+"""A small client for the running server: wait until the model answers, or stream a prompt.
+
+TorchServe's token authorization is on by default; the key is read from the
+key_file.json TorchServe writes into the directory it was started from.
+
+    python -m scripts.serve.client generate "Today the weather is" --max-new-tokens 64
+    python -m scripts.serve.client wait --timeout 120
+    python -m scripts.serve.client token          # prints the inference key (for curl), renewed when expired
+    python -m scripts.serve.client worker-error   # why the worker failed, from logs/model_log.log
+    python -m scripts.serve.client ping           # readiness with the key: exit 0 on 200 (an exec probe)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from scripts.serve.worker_log import failure_cause
+
+DEFAULT_MANAGEMENT_URL = "http://127.0.0.1:8081"
+# A key this close to its expiry is renewed first: a command that reads it must still find it valid.
+RENEW_BEFORE_S = 60.0
+
+
+def inference_key(key_file: Path, management_url: str | None = DEFAULT_MANAGEMENT_URL) -> str | None:
+    """The inference key, or None when TorchServe runs with token auth disabled. A key that expired
+    (TorchServe's `token_expiration_min`, 60 by default) or is about to is renewed first through
+    TorchServe's token API, with the key file's API key (which does not expire); TorchServe then
+    rewrites the key file. `management_url` None: read the file only."""
+    if not key_file.exists():
+        return None
+    keys = json.loads(key_file.read_text())
+    if management_url is not None and _expires_within(keys["inference"].get("expiration time"), RENEW_BEFORE_S):
+        renew_inference_key(management_url, keys["API"]["key"])
+        keys = json.loads(key_file.read_text())
+    return keys["inference"]["key"]
+
+
+def renew_inference_key(management_url: str, api_key: str) -> None:
+    """`GET <management>/token?type=inference` with the API key: TorchServe replaces the inference
+    key in key_file.json with a new one and a new expiry."""
+    response = httpx.get(
+        f"{management_url}/token", params={"type": "inference"}, headers={"Authorization": f"Bearer {api_key}"}
+    )
+    if response.status_code != 200:
+        raise SystemExit(f"renewing the inference key failed: HTTP {response.status_code}: {response.text.strip()}")
+
+
+def _expires_within(stamp: str | None, seconds: float) -> bool:
+    """Whether TorchServe's `expiration time` (an ISO instant such as 2024-02-16T21:12:24.801148Z) is
+    less than `seconds` away. Python 3.10's fromisoformat takes neither `Z` nor 9 fraction digits."""
+    if not stamp:
+        return False
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z?", stamp.strip())
+    if match is None:
+        return False
+    moment = datetime.fromisoformat(match.group(1)).replace(tzinfo=timezone.utc)
+    fraction = float(f"0.{match.group(2)}") if match.group(2) else 0.0
+    left = moment.timestamp() + fraction - time.time()
+    return left < seconds
+
+
+def auth_headers(key_file: Path, management_url: str | None = DEFAULT_MANAGEMENT_URL) -> dict[str, str]:
+    key = inference_key(key_file, management_url)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def stream_generate(url: str, body: dict, headers: dict[str, str], timeout: float = 300.0):
+    """Yield each NDJSON object of a streamed generation as it arrives."""
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
+        if response.status_code != 200:
+            response.read()
+            raise SystemExit(f"HTTP {response.status_code}: {response.text}")
+        for line in response.iter_lines():
+            if line:
+                yield json.loads(line)
+
+
+def wait_ready(
+    url: str,
+    key_file: Path,
+    timeout: float,
+    log: Path | None = None,
+    pid_file: Path | None = None,
+    management_url: str | None = DEFAULT_MANAGEMENT_URL,
+) -> float:
+    """Poll with a one-token request until the model answers 200; return seconds waited.
+
+    Gives up early when the TorchServe log shows the model failing to load, or when the
+    TorchServe process is gone (e.g. a port was already taken).
+    """
+    started = time.monotonic()
+    log_start = log.stat().st_size if log and log.exists() else 0
+    body = {"prompt": "ping", "max_new_tokens": 1, "stream": False}
+    last = "no answer yet"
+    while time.monotonic() - started < timeout:
+        try:
+            response = httpx.post(url, json=body, headers=auth_headers(key_file, management_url), timeout=10)
+            if response.status_code == 200:
+                return time.monotonic() - started
+            last = f"HTTP {response.status_code}: {response.text[:200]}"
+            if response.status_code == 503 and _load_failed_answer(response):
+                raise SystemExit(f"HTTP 503: {response.json()['error']['message']}")
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        if log and log.exists() and _load_failed(log, log_start):
+            raise SystemExit(f"the model failed to load; see {log}")
+        if pid_file and not _alive(pid_file):
+            raise SystemExit("torchserve is not running (a port in use?); see logs/torchserve.out")
+        time.sleep(0.5)
+    raise SystemExit(f"model did not answer within {timeout:.0f} s ({last}); see logs/ts_log.log")
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text().split()[0]), 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
+
+
+def _load_failed_answer(response: httpx.Response) -> bool:
+    """The worker's own answer while it cannot load the model (handler/serving/init_failure.py)."""
+    try:
+        return response.json()["error"]["type"] == "model_load_failed"
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def _load_failed(log: Path, offset: int) -> bool:
+    with log.open("rb") as f:
+        f.seek(offset)
+        return b"Load model failed" in f.read()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Client for the Inf2 LLM TorchServe handler")
+    parser.add_argument("--url", default="http://127.0.0.1:8080")
+    parser.add_argument("--model", default="llama")
+    parser.add_argument("--key-file", type=Path, default=Path("key_file.json"))
+    parser.add_argument(
+        "--management-url", default=DEFAULT_MANAGEMENT_URL, help="where an expired inference key is renewed"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="stream a completion and print it as it arrives")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
+    wait = sub.add_parser("wait", help="wait until the model answers")
+    wait.add_argument("--timeout", type=float, default=300)
+    wait.add_argument("--log", type=Path, help="TorchServe log to watch for load failures")
+    wait.add_argument("--pid-file", type=Path, help="TorchServe's pid file: stop waiting when it is gone")
+    sub.add_parser("token", help="print the inference key (renewed first when it expired or is about to)")
+    sub.add_parser("ping", help="GET /ping with the inference key (read now); exit 0 only on 200")
+    error = sub.add_parser("worker-error", help="print why the worker failed (the last traceback in the model log)")
+    error.add_argument("--model-log", type=Path, default=Path("logs/model_log.log"))
+    args = parser.parse_args()
+
+    url = f"{args.url}/predictions/{args.model}"
+    if args.command == "token":
+        print(inference_key(args.key_file, args.management_url) or "")
+    elif args.command == "ping":
+        try:
+            response = httpx.get(
+                f"{args.url}/ping", headers=auth_headers(args.key_file, args.management_url), timeout=5
+            )
+        except httpx.HTTPError as exc:
+            raise SystemExit(f"/ping: {exc!r}") from None
+        print(response.status_code, response.text.strip())
+        sys.exit(0 if response.status_code == 200 else 1)
+    elif args.command == "worker-error":
+        cause = failure_cause(args.model_log)
+        print(f"Cause, from {args.model_log}:\n{cause}" if cause else f"{args.model_log}: no error logged")
+    elif args.command == "wait":
+        waited = wait_ready(url, args.key_file, args.timeout, args.log, args.pid_file, args.management_url)
+        print(f"model {args.model} answered after {waited:.1f} s")
+    else:
+        body = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens}
+        if args.temperature is not None:
+            body["temperature"] = args.temperature
+        if args.seed is not None:
+            body["seed"] = args.seed
+        if args.ignore_eos:
+            body["ignore_eos"] = True
+        started = time.monotonic()
+        first_chunk_at = None
+        sys.stdout.write(args.prompt)
+        for chunk in stream_generate(url, body, auth_headers(args.key_file, args.management_url)):
+            first_chunk_at = first_chunk_at or time.monotonic() - started
+            sys.stdout.write(chunk.get("text", ""))
+            sys.stdout.flush()
+            if "finish_reason" in chunk:
+                usage = chunk["usage"]
+                print(
+                    f"\n[finish_reason={chunk['finish_reason']} prompt_tokens={usage['prompt_tokens']} "
+                    f"completion_tokens={usage['completion_tokens']} first chunk after {first_chunk_at:.3f} s, "
+                    f"last after {time.monotonic() - started:.3f} s]"
+                )
+            if "error" in chunk:
+                raise SystemExit(f"\nerror: {chunk['error']['message']}")
+
+
+if __name__ == "__main__":
+    main()
