@@ -83,9 +83,11 @@ import torch
 # torch.compile (the llguidance and outlines-core apply kernels) otherwise leaves a pool of
 # compile workers busy on these 2 cores for seconds after the first call.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# as scripts/bench/constrained.py does, before transformers is imported: offline, quiet tokenizers
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# scripts/bench/constrained.py owns what the two scripts share (it sets HF_HUB_OFFLINE and
-# TOKENIZERS_PARALLELISM).
+# scripts/bench/constrained.py owns what the two scripts share.
 import jsonschema
 from transformers import AutoTokenizer
 
