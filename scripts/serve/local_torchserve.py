@@ -59,17 +59,13 @@ _HANDED_OUT: set[int] = set()
 
 def free_port() -> int:
     """A port free now that this process has not handed out before. TorchServe binds its five
-    ports only once it runs, so two calls before then must not name the same one (the kernel may
-    give a closed port again: a gRPC port equal to the metrics port stopped a server). Under
-    pytest-xdist each worker takes only the ports of its own residue, so two workers starting
-    servers at once cannot pick the same one either."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    ports only once it runs, so two calls before then must not name the same one: the kernel may
+    give a closed port again (a gRPC port equal to the metrics port stopped a server at start)."""
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port not in _HANDED_OUT and (workers <= 1 or port % workers == int(worker)):
+        if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
 
