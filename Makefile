@@ -106,7 +106,7 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 test: venv
-	$(PY) -m pytest $(XDIST) tests/unit tests/integration tests/e2e $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)  # the tiers of pyproject.toml's testpaths
 
 test-fast: venv
 	$(PY) -m pytest $(XDIST) tests/unit tests/integration $(PYTEST_ARGS)

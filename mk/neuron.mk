@@ -60,4 +60,4 @@ $(COMPAT_VENV)/.installed: requirements-compat.txt requirements-dev.txt
 compat-venv: $(COMPAT_VENV)/.installed
 
 test-compat: $(COMPAT_VENV)/.installed guidellm
-	$(COMPAT_VENV)/bin/python -m pytest $(XDIST) tests/unit tests/integration tests/e2e $(COMPAT_PYTEST_ARGS)
+	$(COMPAT_VENV)/bin/python -m pytest $(XDIST) $(COMPAT_PYTEST_ARGS)
