@@ -61,6 +61,7 @@ def forwards(call_log: Path) -> list[dict[str, Any]]:
     return calls(call_log, "forward")
 
 
+@pytest.mark.compile_in_child
 def test_compiles_once_in_a_child_then_loads(fake_neuronx, checkpoint, start_backend, caplog):
     caplog.set_level(logging.INFO)
     model_yaml = nxdi_yaml(checkpoint, n_slots=2)
