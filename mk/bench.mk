@@ -2,7 +2,8 @@
 #                            mode (continuous, then static), the same loads and a Poisson sweep from 10 % to
 #                            95 % of capacity; tables with the discrete-event limit, P1-P4, P8; then the
 #                            replicas stage (1 vs 3 replicas of Llama-3.1-8B TP8, the seed workload): P7 (about 12 min)
-# make bench BACKEND=hf      small random Llama on CPU, continuous mode, served vs in-process: P5
+# make bench BACKEND=hf      the real default model (SmolLM2-135M-Instruct) on CPU, continuous mode, served vs
+#                            in-process at 1 and 4 streams: P5, idle TTFT, the worker's RSS
 # make bench BENCH_LONG=1    a longer sweep: 11 loads, 4x the requests (about 40 min)
 # make bench BENCH_ARGS="--modes continuous --sweep none --no-replicas"   only the ratios' loads, one mode (P1-P3)
 # make bench BENCH_ARGS="--modes none"                      only P8 and the replicas stage (P7, the seed table)
@@ -29,11 +30,11 @@ MEMORY_ARGS ?=
 
 bench: venv model
 	$(PY) -m scripts.bench.suite --backend $(BACKEND) --profile $(BENCH_PROFILE) \
-		--model-dir $(DEFAULT_MODEL_DIR) --workdir $(BUILD)/bench $(if $(BENCH_LONG),--long) $(BENCH_ARGS)
+		--model-dir $(if $(filter hf,$(BACKEND)),$(REAL_MODEL_DIR),$(TINY_MODEL_DIR)) --workdir $(BUILD)/bench $(if $(BENCH_LONG),--long) $(BENCH_ARGS)
 
 bench-isolation: venv model
-	$(PY) -m scripts.bench.isolation --model-dir $(DEFAULT_MODEL_DIR) --workdir $(BUILD)/bench-isolation $(ISOLATION_ARGS)
+	$(PY) -m scripts.bench.isolation --model-dir $(TINY_MODEL_DIR) --workdir $(BUILD)/bench-isolation $(ISOLATION_ARGS)
 
 bench-memory: venv model
-	$(PY) -m scripts.bench.memory --model-dir $(DEFAULT_MODEL_DIR) $(MEMORY_ARGS)
+	$(PY) -m scripts.bench.memory --model-dir $(TINY_MODEL_DIR) $(MEMORY_ARGS)
 

@@ -30,9 +30,9 @@ _sagemaker_probe = curl -sf http://$(HOST):$(INFERENCE_PORT)/invocations -H 'Con
 	-d '{"prompt": "ping", "max_new_tokens": 1, "stream": false}'
 _aws_region = $(if $(AWS_REGION),--region $(AWS_REGION))
 _require = $(if $($(1)),,$(error set $(1), e.g. make $@ $(1)=$(2)))
-_sagemaker_tiny = $(filter $(abspath $(DEFAULT_MODEL_DIR)),$(abspath $(MODEL_DIR)))
+_sagemaker_tiny = $(filter $(abspath $(TINY_MODEL_DIR)),$(abspath $(MODEL_DIR)))
 _sagemaker_tiny_refused = $(and $(_sagemaker_tiny),$(filter-out 1,$(SAGEMAKER_ALLOW_TINY_MODEL)))
-_sagemaker_tiny_message = MODEL_DIR is the tiny test model ($(DEFAULT_MODEL_DIR)), which cannot serve on Inferentia. \
+_sagemaker_tiny_message = MODEL_DIR is the tiny test model ($(TINY_MODEL_DIR)), which cannot serve on Inferentia. \
 	Pass your checkpoint: make sagemaker-archive MODEL_DIR=/path/to/checkpoint (compiled first with \
 	make compile MODEL_CONFIG=$(SAGEMAKER_MODEL_CONFIG)), or SAGEMAKER_ALLOW_TINY_MODEL=1 to package the tiny model anyway
 

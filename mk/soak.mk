@@ -11,4 +11,4 @@ SOAK_ARGS ?=
 .PHONY: soak
 
 soak: venv model
-	$(PY) -m scripts.bench.soak --minutes $(SOAK_MINUTES) --model-dir $(DEFAULT_MODEL_DIR) --workdir $(BUILD)/soak $(SOAK_ARGS)
+	$(PY) -m scripts.bench.soak --minutes $(SOAK_MINUTES) --model-dir $(TINY_MODEL_DIR) --workdir $(BUILD)/soak $(SOAK_ARGS)

@@ -3,6 +3,8 @@
 - tests/unit         pure functions and single classes, in-process
 - tests/integration  the handler, engine and backends together, in-process (fake SDKs, tiny model)
 - tests/e2e          everything that starts a server (a real torchserve)
+- tests/real_model   the real default model (SmolLM2-135M-Instruct, `make model`) served by a real
+                     torchserve: answers that must make sense, not only be well-formed
 - tests/perf         soaks and benchmark runs: `make test-perf`, not `make test`
 
 Every test file lives in one of them (a collection error says so otherwise), each test gets its
@@ -20,8 +22,8 @@ from typing import Any
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("unit", "integration", "e2e", "perf")
-SERVER_TIERS = ("e2e", "perf")
+TIERS = ("unit", "integration", "e2e", "real_model", "perf")
+SERVER_TIERS = ("e2e", "real_model", "perf")
 
 
 def tier_of(path: Path) -> str | None:

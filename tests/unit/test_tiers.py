@@ -29,6 +29,7 @@ def test_a_server_start_is_recognised(argv, server):
 def test_the_tier_is_the_top_folder_under_tests():
     assert tier_of(TESTS / "e2e" / "openai" / "test_x.py") == "e2e"
     assert tier_of(TESTS / "unit" / "test_x.py") == "unit"
+    assert tier_of(TESTS / "real_model" / "test_x.py") == "real_model"
     assert tier_of(TESTS / "fakes" / "x.py") is None
     assert tier_of(Path("/elsewhere/test_x.py")) is None
 

@@ -196,12 +196,12 @@ def test_the_handler_entry_takes_pydantic_from_the_bundled_deps(built):
     assert result.stdout.strip().startswith(str(built.folder / "deps" / "cp310")), result.stdout
 
 
-TINY_SPELLINGS = [None, "models/tiny-llama", "./models/tiny-llama", str(REPO / "models/tiny-llama")]
+TINY_SPELLINGS = ["models/tiny-llama", "./models/tiny-llama", str(REPO / "models/tiny-llama")]
 
 
 @pytest.mark.parametrize("model_dir", TINY_SPELLINGS)
 @pytest.mark.parametrize("target", ["sagemaker-archive", "sagemaker-upload"])
-def test_the_tiny_default_model_is_refused(tmp_path, target, model_dir):
+def test_the_tiny_model_is_refused(tmp_path, target, model_dir):
     args = [target, f"BUILD={tmp_path / 'build'}", "SAGEMAKER_S3_URI=s3://my-bucket/llama-inf2/"]
     result = make(*args, *([f"MODEL_DIR={model_dir}"] if model_dir else []))
     assert result.returncode != 0
