@@ -1,5 +1,5 @@
 # make plan                   the capacity planner on MODEL_DIR (a checkpoint directory or its config.json;
-#                             default: the tiny model): the step-time model's validation (P10), then every
+#                             default: SmolLM2-135M-Instruct): the step-time model's validation (P10), then every
 #                             instance x tp_degree x replicas x n_slots that fits, simulated on Poisson loads,
 #                             ranked by cost per million output tokens within the SLO (docs/planning.md)
 # make plan MODEL_DIR=/models/Llama-3.1-8B-Instruct INSTANCE=inf2.48xlarge SLO_ITL_MS=50 SLO_TTFT_MS=1000 \
