@@ -11,10 +11,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def tool_bin(venv_name: str, requirements: str, executable: str) -> Path:
-    """`.venv/<venv_name>/bin/<executable>`, installing the venv from `requirements` first if needed."""
+    """`.venv/<venv_name>/bin/<executable>`, installing the venv from `requirements` first if needed:
+    when it is missing, or `requirements` changed since (as make's rule for it does)."""
     venv = REPO / ".venv" / venv_name
     marker = venv / ".installed"
-    if not marker.exists():
+    if not marker.exists() or marker.stat().st_mtime < (REPO / requirements).stat().st_mtime:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
         subprocess.run([*pip, "-r", str(REPO / requirements)], check=True)
