@@ -3,10 +3,11 @@ times and no serving overhead at all (requests reach the engine the instant they
 tokens reach the client the instant a step ends).
 
 Policies (`--policy`, all by default):
-- `continuous`: the engine as built (model-config `scheduler.mode: continuous`). A FIFO of
-  waiting requests; each engine step (1) admits waiting requests into free slots in FIFO
-  order while the sum of their prompt tokens stays within `prefill_token_budget` (at least
-  one when a slot is free) and prefills them one row at a time (transformers-neuronx
+- `continuous`: the engine as built (model-config `scheduler.mode: continuous`), its
+  admission done by the engine's own `SlotScheduler` (handler/engine/scheduler.py) under a
+  virtual clock, not by a copy of it. Each engine step (1) admits waiting requests into free
+  slots in FIFO order while the sum of their prompt tokens stays within
+  `prefill_token_budget` (at least one when a slot is free) and prefills them one row at a time (transformers-neuronx
   compiles the context kernel for batch 1 under continuous batching: k rows cost
   k x prefill_s(1, prompt)); their first tokens are out when all of the step's prefills
   are done; then (2) decodes every live slot, the new ones included: decode_s(live). A
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import math
 import random
@@ -52,12 +54,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from handler.backends.sim_profile import Profile, load_profile
+from handler.engine.scheduler import SlotScheduler
 from scripts.bench.stats import LoadSummary, arrival_offsets, summarize
 
 PolicyKind = Literal["continuous", "ideal", "static"]
 POLICIES: tuple[PolicyKind, ...] = ("continuous", "ideal", "static")
 DEFAULT_BUDGET = 2048
 DEFAULT_MAX_BATCH_DELAY_S = 0.020
+UNBOUNDED_BUDGET = 2**62  # `ideal`: no prefill token budget
 ARRIVAL_SEED = 2  # scripts/bench/client.py draws a load's arrival times with Random(workload seed + 2)
 
 
@@ -207,66 +211,62 @@ def simulate(profile: Profile, policy: Policy, load: Load, shape: Shape) -> list
 
 
 def _slots(profile: Profile, n_slots: int, budget: float, batched: bool, arrivals: _Arrivals) -> list[Served]:
+    """The engine's step structure under a virtual clock, with admission by the engine's own
+    `SlotScheduler` (handler/engine/scheduler.py), not a copy of it: each step prefills what
+    the scheduler admits, then decodes every live row; a row frees its slot the moment it ends."""
+    scheduler: SlotScheduler[Served] = SlotScheduler(n_slots, UNBOUNDED_BUDGET if math.isinf(budget) else int(budget))
     now, done = 0.0, []
-    waiting: deque[Request] = deque()
-    live: list[list[Any]] = []  # [served, tokens still to generate]
+    live: dict[str, list[Any]] = {}  # request id -> [served, tokens still to generate], admission order
+    ids = itertools.count()
 
-    def end(s: Served, t: float) -> None:
-        s.finished = t
-        done.append(s)
+    def end(request_id: str, t: float) -> None:
+        served = live.pop(request_id)[0]
+        served.finished = t
+        done.append(served)
+        scheduler.finish(request_id)
         arrivals.ended(t)
 
     while True:
-        waiting.extend(arrivals.due(now))
-        if not live and not waiting:
+        for request in arrivals.due(now):
+            scheduler.add(str(next(ids)), request.prompt_tokens, Served(request))
+        if scheduler.idle:
             t = arrivals.next_time()
             if t is None:
                 return done
             now = t
             continue
-        joining: list[Request] = []
-        tokens = 0
-        while waiting and len(live) + len(joining) < n_slots:
-            prompt = waiting[0].prompt_tokens
-            if joining and tokens + prompt > budget:
-                break
-            joining.append(waiting.popleft())
-            tokens += prompt
+        joining = scheduler.schedule()
         if joining:
+            prompts = [a.item.request.prompt_tokens for a in joining]
             if batched:
-                now += profile.prefill_s(len(joining), max(r.prompt_tokens for r in joining))
+                now += profile.prefill_s(len(joining), max(prompts))
             else:
-                now += sum(profile.prefill_s(1, r.prompt_tokens) for r in joining)
-            for r in joining:  # first tokens: when the step's prefills are done
-                s = Served(r, first_token=now)
-                if r.output_tokens > 1:
-                    live.append([s, r.output_tokens - 1])
-                else:
-                    end(s, now)
+                now += sum(profile.prefill_s(1, prompt) for prompt in prompts)
+            for admitted in joining:  # first tokens: when the step's prefills are done
+                admitted.item.first_token = now
+                live[admitted.request_id] = [admitted.item, admitted.item.request.output_tokens - 1]
+                if admitted.item.request.output_tokens <= 1:
+                    end(admitted.request_id, now)
         if not live:
             continue
-        # Decode steps. Until a row ends, or (with a slot free) a request arrives, every
-        # step is the same: take them in one go (same arithmetic as one at a time).
+        # Decode steps of every live row. Until a row ends, or (with a slot free) a request
+        # arrives, every step is the same: take them in one go (same arithmetic as one at a time).
         step = profile.decode_s(len(live))
-        run = min(left for _, left in live)
+        run = min(left for _, left in live.values())
         now += step
         steps = 1
-        if not (waiting and len(live) < n_slots):
-            free = len(live) < n_slots
+        free = scheduler.occupied < n_slots
+        if not (scheduler.waiting and free):
             while steps < run:
                 t = arrivals.next_time() if free else None
                 if t is not None and t <= now:
                     break
                 now += step
                 steps += 1
-        still = []
-        for row in live:
+        for request_id, row in list(live.items()):
             row[1] -= steps
-            if row[1] > 0:
-                still.append(row)
-            else:
-                end(row[0], now)
-        live = still
+            if row[1] <= 0:
+                end(request_id, now)
 
 
 def _static(profile: Profile, policy: Policy, arrivals: _Arrivals) -> list[Served]:

@@ -195,3 +195,33 @@ def test_cli_prints_the_policies_and_writes_json(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert set(data["loaded"]) == {"0.5", "0.7", "0.9"}
     assert data["at_rate"]["rate"] == 2.0
+
+
+def test_admission_is_the_engines_own_slot_scheduler(profile, monkeypatch):
+    """One implementation of admission: the reference asks handler/engine/scheduler.py's
+    SlotScheduler, so the requests it admits in each step are the scheduler's, and a change to
+    the scheduler's rule changes the reference (this checks the virtual clock, not a copy)."""
+    from handler.engine import scheduler as engine_scheduler
+
+    steps: list[list[int]] = []
+    original = engine_scheduler.SlotScheduler.schedule
+
+    def recorded(self):
+        admitted = original(self)
+        if admitted:
+            steps.append([a.item.request.prompt_tokens for a in admitted])
+        return admitted
+
+    monkeypatch.setattr(engine_scheduler.SlotScheduler, "schedule", recorded)
+    policy = Policy("continuous", 3, prefill_token_budget=250)
+    simulate(profile, policy, at(0.0, 0.0, 0.0, 0.0), Shape(100, 4))
+    assert steps == [[100, 100], [100], [100]]  # budget 250: two, then one (3 slots), then the freed slot
+
+    def one_at_a_time(self):
+        self.prefill_token_budget = 1  # the first always goes, nothing after it
+        return original(self)
+
+    monkeypatch.setattr(engine_scheduler.SlotScheduler, "schedule", one_at_a_time)
+    one_per_step = ttfts(profile, policy, at(0.0, 0.0))
+    pf, d1 = profile.prefill_s(1, 100), profile.decode_s(1)
+    assert one_per_step == pytest.approx([pf, pf + d1 + pf])
