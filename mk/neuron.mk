@@ -60,4 +60,4 @@ $(COMPAT_VENV)/.installed: requirements-compat.txt requirements-dev.txt
 compat-venv: $(COMPAT_VENV)/.installed
 
 test-compat: $(COMPAT_VENV)/.installed guidellm
-	$(COMPAT_VENV)/bin/python -m pytest $(XDIST) --ignore=tests/real_model $(COMPAT_PYTEST_ARGS)  # real_model: once, in make test
+	$(COMPAT_VENV)/bin/python -m pytest $(XDIST) $(COMPAT_PYTEST_ARGS)

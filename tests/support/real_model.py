@@ -69,4 +69,8 @@ def real_model(real_model_dir: Path) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(real_model_dir, local_files_only=True, dtype=torch.float32).eval()
+    from handler.backends.hf import DTYPE_KWARG  # `dtype=` from transformers 4.56, `torch_dtype=` before
+
+    return AutoModelForCausalLM.from_pretrained(
+        real_model_dir, local_files_only=True, **{DTYPE_KWARG: torch.float32}
+    ).eval()
