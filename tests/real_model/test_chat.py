@@ -17,5 +17,6 @@ def chat(server, messages: list[dict[str, str]], **fields) -> dict:
 def test_greedy_chat_knows_the_capital_of_france(real_server):
     reply = chat(real_server, [{"role": "user", "content": "What is the capital of France?"}], max_tokens=40)
     [choice] = reply["choices"]
+    print(f"capital of France: {choice['message']['content']!r}")
     assert "Paris" in choice["message"]["content"], choice
     assert choice["finish_reason"] == "stop"

@@ -56,6 +56,15 @@ def real_server(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         ts.stop()
 
 
+@pytest.fixture(scope="package")
+def real_client(real_server: TorchServe) -> Any:
+    """The official `openai` client pointed at the real server's OpenAI routes (no retries)."""
+    import openai
+
+    api_key = real_server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")
+    return openai.OpenAI(base_url=f"{real_server.predictions_url}/1.0/v1", api_key=api_key, max_retries=0, timeout=300)
+
+
 @pytest.fixture(scope="session")
 def real_tokenizer(real_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
