@@ -30,10 +30,19 @@ Ratios (continuous mode unless said):
         8 slots, each a GrammarMasks matcher for a 10-field JSON Schema, over [8, 128,256] logits,
         mask + advance per step (goal <= 0.05); beside it, BatchSampler.sample with and without
         the constraint (`--no-constrained` skips the stage)
-hf: a small random Llama (a few million parameters) on CPU, continuous mode, served at one
-stream and at B = 4 streams; scripts/bench/backend.py (its CLI) measures the backend's own
-step loop in-process, best of three, before and after the served loads:
-  P5 = served output tok/s / in-process tok/s at the same batch                  (goal >= 0.90)
+hf: the model of --model-dir (`make bench BACKEND=hf`: the default model, SmolLM2-135M-Instruct,
+float32) on CPU with `cpu_threads: 1`, continuous mode, 4 slots; prompts of real text (100±10
+tokens, scripts/bench/client.py's PromptMaker), 64 output tokens each, EOS ignored. Served at one
+stream (10 requests) and at B = 4 streams (5 rounds); scripts/bench/backend.py (its CLI) measures
+the backend's own step loop in-process at batch 1 and at batch 4, best of two runs before and two
+after the served loads:
+  P5-single = served output tok/s, one stream / in-process tok/s at batch 1    (goal >= 0.90)
+  P5        = served output tok/s, B streams / in-process tok/s at batch B      (goal >= 0.90)
+beside them the idle TTFT (p50, one stream) and the TorchServe worker's RSS (scripts/bench/memory.py's
+worker_rss_mib, sampled every 0.5 s over the loads: the peak and after the loads). Measured with
+`make bench BACKEND=hf` on 2026-12-05 (2 shared cores, load average 0.8-1.1, 139 s): P5-single 0.99,
+P5 0.95, idle TTFT p50 260 ms, worker RSS peak 1085 MiB; on a busier machine (load 1.2-2.7) 0.92,
+0.89, 288 ms, 1094 MiB (docs/performance.md).
 Each ratio is printed last, on its own line, with its goal and its figures: `P2 0.96 ...`.
 """
 
@@ -47,6 +56,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -61,11 +71,17 @@ from scripts.bench import replicas as bench_replicas
 from scripts.bench import sampling as bench_sampling
 from scripts.bench import server as bench_server
 from scripts.bench.client import Lengths, Load, PromptMaker, Target, Workload, run_all
+from scripts.bench.memory import worker_rss_mib
 from scripts.bench.stats import LoadSummary, SweepPoint, format_table, knee, sweep_points
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = REPO / "profiles" / "llama-2-7b-inf2-48xl-tp24.yaml"
 HF_BATCH = 4
+HF_SYNC_REQUESTS = 10  # the sim's defaults (20 requests, 10 rounds) would take minutes per load on CPU
+HF_CONCURRENT_ROUNDS = 5
+HF_OUTPUT_TOKENS = 64
+HF_REFERENCE_REPEATS = 2  # per in-process run; one run before and one after the served loads
+RSS_EVERY_S = 0.5
 MODES = ("continuous", "static")
 DEFAULT_SWEEP = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
 LONG_SWEEP = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
@@ -93,6 +109,7 @@ GOALS: dict[str, tuple[str, float]] = {
     "P2": (">=", 0.95),
     "P3": ("<=", 1.5),
     "P4": (">=", 10.0),
+    "P5-single": (">=", 0.90),
     "P5": (">=", 0.90),
     "P2s": (">=", 0.95),
     "P8a": ("<=", 0.10),
@@ -172,17 +189,12 @@ def hf_model_config(batch: int) -> dict[str, Any]:
     return with_scheduler(base, "continuous", batch)
 
 
-def small_model(workdir: Path) -> Path:
-    """A random Llama of about 2.6M parameters: a decode step takes milliseconds on CPU."""
-    out = workdir / "small-llama"
-    if not (out / "config.json").exists():
-        subprocess.run(
-            [sys.executable, "-m", "scripts.model.make_tiny_model", str(out)]
-            + ["--hidden-size", "256", "--layers", "4", "--heads", "8"],
-            check=True,
-            cwd=REPO,
-        )
-    return out
+def model_name(model_dir: Path) -> str:
+    """The model's name: SOURCE.json's `model` (what `make model` wrote), else the folder's name."""
+    try:
+        return str(json.loads((model_dir / "SOURCE.json").read_text())["model"])
+    except (OSError, ValueError, KeyError):
+        return model_dir.name
 
 
 def backend_reference(
@@ -264,6 +276,7 @@ class ModeRun:
     sampled: LoadSummary | None = None
     sampled_per_slot: LoadSummary | None = None
     sampled_metrics: dict[str, float] = field(default_factory=dict)
+    worker_rss_mib: dict[str, float] = field(default_factory=dict)  # hf: {"peak": ..., "after_loads": ...}
 
     def kind(self, kind: str) -> tuple[LoadSummary, LoadSummary | None] | None:
         for s, lim in zip(self.served, self.limits, strict=True):
@@ -287,6 +300,7 @@ class ModeRun:
             "sampled": self.sampled.to_dict() if self.sampled else None,
             "sampled_per_slot": self.sampled_per_slot.to_dict() if self.sampled_per_slot else None,
             "sampled_handler_metrics_mean_s": self.sampled_metrics,
+            "worker_rss_mib": self.worker_rss_mib,
         }
         if capacity:
             out["sweep"] = [asdict(p) for p in sweep_points(self.served, capacity)]
@@ -382,13 +396,28 @@ def p4(
     )
 
 
-def p5(concurrent: LoadSummary, in_process_tokens_per_s: float) -> Ratio:
+def p5(served: LoadSummary, in_process_tokens_per_s: float, name: str = "P5") -> Ratio:
+    """Served output tok/s over the in-process step loop's at the same batch (the load's streams)."""
+    streams = f"{served.streams} stream" + ("s" if served.streams != 1 else "")
     return Ratio(
-        "P5",
-        concurrent.output_tokens_per_s / in_process_tokens_per_s,
-        f"served {concurrent.output_tokens_per_s:.1f} tok/s ({concurrent.streams} streams)",
-        f"in-process {in_process_tokens_per_s:.1f} tok/s (batch {concurrent.streams})",
+        name,
+        served.output_tokens_per_s / in_process_tokens_per_s,
+        f"served {served.output_tokens_per_s:.1f} tok/s ({streams})",
+        f"in-process {in_process_tokens_per_s:.1f} tok/s (batch {served.streams})",
     )
+
+
+def hf_ratios(cont: ModeRun | None, in_process_tokens_per_s: dict[int, float] | None) -> list[Ratio]:
+    """P5-single (the one-stream load) and P5 (the concurrent load), each against the in-process
+    step loop at its batch; a ratio whose batch was not measured in-process is left out."""
+    if cont is None or not in_process_tokens_per_s:
+        return []
+    out = []
+    for kind, name in (("synchronous", "P5-single"), ("concurrent", "P5")):
+        load = cont.kind(kind)
+        if load and (reference := in_process_tokens_per_s.get(load[0].streams)):
+            out.append(p5(load[0], reference, name))
+    return out
 
 
 def p2s(sampled: LoadSummary, limit: LoadSummary, per_slot: LoadSummary | None) -> Ratio:
@@ -505,17 +534,15 @@ def compute_ratios(
     step_1_ms: float | None = None,
     p3_fraction: float = 0.7,
     p4_fraction: float = 0.5,
-    in_process_tokens_per_s: float | None = None,
+    in_process_tokens_per_s: dict[int, float] | None = None,
     sampling_timings: list[bench_sampling.Timing] | None = None,
 ) -> list[Ratio]:
-    """sim: P1-P3 of the continuous mode, P4 when both modes ran, P2s and P8; hf: P5."""
+    """sim: P1-P3 of the continuous mode, P4 when both modes ran, P2s and P8; hf: P5-single and
+    P5 (`in_process_tokens_per_s`: the step loop's tok/s by batch size)."""
     ratios: list[Ratio] = []
     cont = runs.get("continuous")
     if backend != "sim":
-        conc = cont.kind("concurrent") if cont else None
-        if conc and in_process_tokens_per_s:
-            ratios.append(p5(conc[0], in_process_tokens_per_s))
-        return ratios
+        return hf_ratios(cont, in_process_tokens_per_s)
     if cont and step_1_ms:
         ratios += mode_ratios(cont, step_1_ms, p3_fraction)
     static = runs.get("static")
@@ -550,6 +577,50 @@ def handler_metrics(text: str, before: dict[str, tuple[float, float]] | None = N
         if count > earlier_count:
             out[name] = (total - earlier_total) / (count - earlier_count)
     return out
+
+
+# -- the worker's memory (hf) ------------------------------------------------------------
+class WorkerRss:
+    """The TorchServe worker's RSS (scripts/bench/memory.py's worker_rss_mib: the worker
+    processes and their children), sampled on a thread every `every_s` while in the `with`
+    block, once more at its end: `peak` and `last` (MiB; 0 when nothing could be read)."""
+
+    def __init__(self, server: Any, every_s: float = RSS_EVERY_S) -> None:
+        self.server, self.every_s = server, every_s
+        self.peak = self.last = 0.0
+        self._failed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped, name="worker-rss", daemon=True)
+
+    def sample(self) -> float:
+        if self._failed:
+            return self.last
+        try:
+            self.last = worker_rss_mib(self.server)
+        except Exception as exc:  # a stand-in server, or the worker already gone: the figures stand without it
+            print(f"[bench] could not read the worker's RSS: {exc}", file=sys.stderr)
+            self._failed = True
+            self._stop.set()
+            return self.last
+        self.peak = max(self.peak, self.last)
+        return self.last
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> WorkerRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def figures(self) -> dict[str, float]:
+        return {"peak": round(self.peak, 1), "after_loads": round(self.last, 1)}
 
 
 # -- results -----------------------------------------------------------------------------
@@ -685,16 +756,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("sim", "hf"), default="sim")
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
-    parser.add_argument("--model-dir", type=Path, default=REPO / "models" / "tiny-llama", help="sim: tokenizer")
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=REPO / "models" / "tiny-llama",
+        help="sim: the tokenizer; hf: the model served (make bench BACKEND=hf: models/smollm2-135m-instruct)",
+    )
     parser.add_argument("--workdir", type=Path, default=REPO / "build" / "bench")
     parser.add_argument("--out", type=Path, help="result file stem (default bench_results/bench-<backend>)")
     parser.add_argument(
         "--modes",
         help="comma-separated: continuous,static (sim default) or continuous (hf); none: no mode (sim: P8 and P7 only)",
     )
-    parser.add_argument("--sync-requests", type=int, default=20)
+    parser.add_argument("--sync-requests", type=int, help=f"default: 20 (sim), {HF_SYNC_REQUESTS} (hf)")
     parser.add_argument("--streams", type=int, help="concurrent streams for P2/P5 (default: n_slots)")
-    parser.add_argument("--concurrent-rounds", type=int, default=10, help="requests per stream")
+    parser.add_argument(
+        "--concurrent-rounds", type=int, help=f"requests per stream (default: 10 (sim), {HF_CONCURRENT_ROUNDS} (hf))"
+    )
     parser.add_argument(
         "--sweep", type=des.parse_fractions, help=f"Poisson loads, fractions of capacity (default {DEFAULT_SWEEP})"
     )
@@ -706,7 +784,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--p4-fraction", type=float, default=0.5, help="P4's load, of capacity")
     parser.add_argument("--prompt-tokens", type=int, default=100)
     parser.add_argument("--prompt-spread", type=int, default=10)
-    parser.add_argument("--output-tokens", type=int, help="default: 128 (sim), 64 (hf)")
+    parser.add_argument("--output-tokens", type=int, help=f"default: 128 (sim), {HF_OUTPUT_TOKENS} (hf)")
     parser.add_argument("--prefill-token-budget", type=int, default=des.DEFAULT_BUDGET)
     parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True, help="scheduler.overlap")
     parser.add_argument("--max-batch-delay-ms", type=float, default=20, help="static mode's maxBatchDelay")
@@ -753,6 +831,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.time_scale <= 0:
         parser.error("--time-scale must be > 0 (the ratios divide by the profile's scaled times)")
     sim = args.backend == "sim"
+    if args.sync_requests is None:
+        args.sync_requests = 20 if sim else HF_SYNC_REQUESTS
+    if args.concurrent_rounds is None:
+        args.concurrent_rounds = 10 if sim else HF_CONCURRENT_ROUNDS
     args.mode_list = [m.strip() for m in (args.modes or ("continuous,static" if sim else "continuous")).split(",")]
     args.mode_list = [m for m in args.mode_list if m and m != "none"]
     if bad := [m for m in args.mode_list if m not in MODES]:
@@ -763,7 +845,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def set_up(args: argparse.Namespace) -> Setup:
     """The model, the profile's limits, the loads and one model-config per mode."""
     sim = args.backend == "sim"
-    output_tokens = args.output_tokens or (128 if sim else 64)
+    output_tokens = args.output_tokens or (128 if sim else HF_OUTPUT_TOKENS)
     scale = 4 if args.long else 1
     shape = des.Shape(args.prompt_tokens, output_tokens, args.prompt_spread)
     workroot = args.workdir.resolve() / args.backend
@@ -788,9 +870,12 @@ def set_up(args: argparse.Namespace) -> Setup:
             f"{output_tokens} output tokens"
         )
     else:
-        model_dir, n_slots = small_model(workroot), HF_BATCH
+        model_dir, n_slots = args.model_dir.resolve(), HF_BATCH
         base = hf_model_config(n_slots)
-        title = f"hf: small random Llama, {n_slots} slots, {output_tokens} output tokens"
+        title = (
+            f"hf: {model_name(model_dir)} on CPU, {n_slots} slots, prompts {args.prompt_tokens}±{args.prompt_spread}, "
+            f"{output_tokens} output tokens"
+        )
     streams = args.streams or n_slots
     sweep = args.sweep if args.sweep is not None else (LONG_SWEEP if args.long else DEFAULT_SWEEP)
     plan = plan_loads(
@@ -859,9 +944,38 @@ def set_up(args: argparse.Namespace) -> Setup:
 
 
 def in_process_reference(s: Setup) -> dict[str, Any]:
-    """hf: the backend's own step loop in-process (scripts/bench/backend.py), best of three."""
+    """hf: the backend's own step loop in-process (scripts/bench/backend.py) at batch 1 and at
+    the slot count, best of HF_REFERENCE_REPEATS runs each."""
     config = s.configs[s.modes[0]]
-    return backend_reference(config, s.model_dir, s.workroot, s.args.prompt_tokens, s.output_tokens, repeats=3)
+    return backend_reference(
+        config, s.model_dir, s.workroot, s.args.prompt_tokens, s.output_tokens, repeats=HF_REFERENCE_REPEATS
+    )
+
+
+def best_in_process(references: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest of the in-process references (before and after the served loads) at each
+    batch: the first reference's fields with `measured` (and what follows from it) the fastest
+    run at each batch, plus `tokens_per_s_by_batch` ({batch: tok/s}), `step_ms_by_batch` and
+    `tokens_per_s_runs` (each reference's {batch: tok/s})."""
+    best: dict[int, dict[str, float]] = {}
+    runs = []
+    for ref in references:
+        measured = {int(m["batch"]): m for m in ref["measured"].values()}
+        runs.append({batch: m["tokens_per_s"] for batch, m in sorted(measured.items())})
+        for batch, m in measured.items():
+            if batch not in best or m["tokens_per_s"] > best[batch]["tokens_per_s"]:
+                best[batch] = m
+    out = dict(references[0])
+    out["measured"] = {f"batch_{batch}": m for batch, m in sorted(best.items())}
+    out["tokens_per_s_by_batch"] = {batch: m["tokens_per_s"] for batch, m in sorted(best.items())}
+    out["step_ms_by_batch"] = {batch: m["step_ms"] for batch, m in sorted(best.items())}
+    out["tokens_per_s_runs"] = runs
+    batch = out["batch_size"]
+    out["generate_tokens_per_s"] = out["tokens_per_s_by_batch"][batch]
+    out["step_1_ms"], out["step_batch_ms"] = out["step_ms_by_batch"][1], out["step_ms_by_batch"][batch]
+    out["ideal_tokens_per_s"] = batch / (out["step_batch_ms"] / 1000)
+    out["step_loop_tokens_per_s"] = out["generate_tokens_per_s"]
+    return out
 
 
 def run_mode(s: Setup, mode: str) -> ModeRun:
@@ -882,10 +996,16 @@ def run_mode(s: Setup, mode: str) -> ModeRun:
     print(f"[bench] {mode}: starting torchserve in {workdir} ...", file=sys.stderr)
     server = bench_server.start(workdir, s.model_dir, config)
     sampled = None
+    rss: dict[str, float] = {}
     try:
         target = Target(server.url, server.model_name, "native", server.headers)
         workload = fresh_workload(s.model_dir, args, s.output_tokens)
-        served = asyncio.run(run_all(target, list(s.plan.loads), workload, sweep_streams=s.streams))
+        if s.sim:
+            served = asyncio.run(run_all(target, list(s.plan.loads), workload, sweep_streams=s.streams))
+        else:
+            with WorkerRss(server) as watch:
+                served = asyncio.run(run_all(target, list(s.plan.loads), workload, sweep_streams=s.streams))
+            rss = watch.figures()
         try:
             metrics = handler_metrics(server.scrape_metrics())
         except Exception as exc:  # the figures stand without the cross-check
@@ -895,7 +1015,7 @@ def run_mode(s: Setup, mode: str) -> ModeRun:
             sampled = run_sampled(server, sampled_load(s.streams, args.concurrent_rounds * s.scale), workload)
     finally:
         server.stop()
-    run = ModeRun(mode, config, served, limits, s.plan.fractions, metrics)
+    run = ModeRun(mode, config, served, limits, s.plan.fractions, metrics, worker_rss_mib=rss)
     if sampled:
         load = sampled_load(s.streams, args.concurrent_rounds * s.scale, "per-slot")
         run.sampled, run.sampled_metrics = sampled
@@ -933,7 +1053,7 @@ def analyse(
         step_1_ms=s.ref.get("step_1_ms") if s.sim else None,
         p3_fraction=args.load_fraction,
         p4_fraction=args.p4_fraction,
-        in_process_tokens_per_s=s.ref.get("generate_tokens_per_s"),
+        in_process_tokens_per_s=s.ref.get("tokens_per_s_by_batch"),
         sampling_timings=sampling_timings,
     )
     p7_metrics = {}
@@ -1002,11 +1122,7 @@ def print_report(
             f"tok/s (continuous policy saturated, {args.prompt_tokens} prompt / {s.output_tokens} output tokens)"
         )
     else:
-        print(
-            f"reference: in-process at batch {ref.get('batch_size')}: {ref['generate_tokens_per_s']:.0f} tok/s "
-            f"(runs {', '.join(f'{v:.0f}' for v in ref['generate_tokens_per_s_runs'])}), step(1) "
-            f"{ref.get('step_1_ms', math.nan):.2f} ms"
-        )
+        print(f"{s.title}\n{in_process_line(ref)}")
     for mode, run in runs.items():
         c = run.config
         print(
@@ -1046,6 +1162,35 @@ def print_report(
         print()
         print(bench_replicas.report(a.stage))
         print_p7_host_time(a)
+
+
+def in_process_line(ref: dict[str, Any]) -> str:
+    """hf: the in-process step loop's best tok/s and step at each batch, and every run's tok/s."""
+    best = ", ".join(
+        f"batch {b} {tps:.1f} tok/s (step {ref['step_ms_by_batch'][b]:.1f} ms)"
+        for b, tps in ref["tokens_per_s_by_batch"].items()
+    )
+    runs = "; ".join(", ".join(f"{tps:.1f}" for tps in run.values()) for run in ref["tokens_per_s_runs"])
+    return f"reference: in-process step loop (scripts/bench/backend.py), best of its runs: {best} (runs: {runs})"
+
+
+def hf_summary(cont: ModeRun, args: argparse.Namespace) -> str:
+    """hf: the idle TTFT (one stream, p50) and the worker's RSS, on two lines."""
+    lines = []
+    if sync := cont.kind("synchronous"):
+        lines.append(
+            f"idle TTFT p50 {sync[0].ttft_ms.p50:.1f} ms (one stream, {sync[0].requests_ok} requests, "
+            f"prompts {args.prompt_tokens}±{args.prompt_spread} tokens)"
+        )
+    rss = cont.worker_rss_mib
+    if rss.get("peak"):
+        lines.append(
+            f"worker RSS peak {rss['peak']:.0f} MiB, {rss['after_loads']:.0f} MiB after the loads "
+            f"(the TorchServe worker and its children, sampled every {RSS_EVERY_S:g} s)"
+        )
+    else:
+        lines.append("worker RSS: not measured")
+    return "\n".join(lines)
 
 
 def print_p7_host_time(a: Analysis) -> None:
@@ -1106,13 +1251,9 @@ def main(argv: list[str] | None = None) -> None:
         s.ref = in_process_reference(s)
     runs = {mode: run_mode(s, mode) for mode in s.modes}
     stage = bench_replicas.run_stage(s.replicas) if s.replicas else None
-    if not s.sim:  # the machine may have been busier before: measure again, keep the faster
+    if not s.sim:  # the machine may have been busier before: measure again, keep the faster at each batch
         print("[bench] in-process reference again ...", file=sys.stderr)
-        again = in_process_reference(s)
-        runs_tok = [s.ref["generate_tokens_per_s"], again["generate_tokens_per_s"]]
-        if again["generate_tokens_per_s"] > s.ref["generate_tokens_per_s"]:
-            s.ref = again
-        s.ref["generate_tokens_per_s_runs"] = runs_tok
+        s.ref = best_in_process([s.ref, in_process_reference(s)])
     a = analyse(s, runs, sampling_timings, stage, constrained)
     out = s.args.out or REPO / "bench_results" / f"bench-{s.args.backend}"
     replicas = (a.stage.to_dict() | {"p7_handler_metrics_mean_s": a.p7_metrics}) if a.stage else None
@@ -1121,6 +1262,8 @@ def main(argv: list[str] | None = None) -> None:
     print_report(s, runs, a, sampling_timings)
     print(f"results: {path}" + (f" and {png}" if png else "") + f" ({time.monotonic() - started:.0f} s)")
     print(json.dumps({"ratios": {r.name: round(r.value, 3) for r in a.ratios}}), file=sys.stderr)
+    if not s.sim and (cont := runs.get("continuous")):  # hf: beside the ratios, just before them
+        print(hf_summary(cont, s.args))
     for r in a.ratios:
         print(r.line())
 

@@ -1,5 +1,6 @@
 """The bench end to end: a real torchserve with the sim backend in both scheduler modes on a
-tiny load (e2e), the in-process hf reference through bench_backend.py's CLI, and the whole
+tiny load (e2e), the hf suite on the tiny model (P5-single, P5, idle TTFT, the worker's RSS),
+the in-process hf reference through bench_backend.py's CLI, and the whole
 suite against a stand-in server that answers with the discrete-event model (no torchserve).
 Figures are not asserted where they are benchmark numbers, only their shape."""
 
@@ -8,8 +9,10 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support.bench import REPO
 
@@ -69,6 +72,49 @@ def test_bench_suite_runs_both_modes_on_a_tiny_load(tiny_model_dir, tmp_path):
         server_out = (tmp_path / "work" / "sim" / mode / "torchserve.out").read_text()
         assert "StatusLogger" not in server_out, server_out[:2000]  # serving/log4j2.xml was accepted
         assert (tmp_path / "work" / "sim" / mode / "logs" / "ts_log.log").exists()
+
+
+@pytest.mark.timeout(300)
+def test_bench_suite_hf_serves_the_model_dir_and_prints_p5_ttft_and_rss(tiny_model_dir, tmp_path):
+    """`make bench BACKEND=hf` on a tiny load: the model of --model-dir is the one served, and the
+    report ends with the idle TTFT, the worker's RSS, P5-single and P5."""
+    out = tmp_path / "result"
+    cmd = [sys.executable, "-m", "scripts.bench.suite", "--backend", "hf", "--model-dir", str(tiny_model_dir)]
+    cmd += ["--workdir", str(tmp_path / "work"), "--out", str(out), "--no-progress"]
+    cmd += ["--sync-requests", "3", "--concurrent-rounds", "1", "--prompt-tokens", "16", "--prompt-spread", "2"]
+    cmd += ["--output-tokens", "8"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    lines = proc.stdout.strip().splitlines()
+    ttft, rss, single, batch = lines[-4:]
+    assert re.fullmatch(r"idle TTFT p50 \d+\.\d ms \(one stream, 3 requests, prompts 16±2 tokens\)", ttft), ttft
+    assert re.fullmatch(r"worker RSS peak \d+ MiB, \d+ MiB after the loads \(.+\)", rss), rss
+    assert P_LINE.fullmatch(single) and single.startswith("P5-single ") and "(1 stream) / " in single, single
+    assert P_LINE.fullmatch(batch) and batch.startswith("P5 ") and "(4 streams) / " in batch, batch
+    assert "in-process" in single and "(batch 1)" in single and "(batch 4)" in batch
+    assert f"hf: {tiny_model_dir.name} on CPU, 4 slots" in proc.stdout
+
+    result = json.loads(out.with_suffix(".json").read_text())
+    meta, continuous = result["meta"], result["modes"]["continuous"]
+    assert set(meta["ratios"]) == {"P5-single", "P5"}
+    by_batch = meta["reference"]["tokens_per_s_by_batch"]
+    assert set(by_batch) == {"1", "4"} and all(v > 0 for v in by_batch.values())
+    assert len(meta["reference"]["tokens_per_s_runs"]) == 2  # before and after the served loads
+    assert meta["ratios"]["P5"] == pytest.approx(continuous["loads"][1]["output_tokens_per_s"] / by_batch["4"])
+    assert meta["ratios"]["P5-single"] == pytest.approx(continuous["loads"][0]["output_tokens_per_s"] / by_batch["1"])
+    # the worker is a Python process with torch and the model loaded: well over 100 MiB
+    assert continuous["worker_rss_mib"]["peak"] >= continuous["worker_rss_mib"]["after_loads"] > 100
+    assert [load["requests_ok"] for load in continuous["loads"]] == [3, 4]
+    for load in continuous["loads"]:
+        assert load["requests_failed"] == 0
+        assert all(r["completion_tokens"] == 8 for r in load["requests"])  # EOS ignored: the full count
+    # the archive serves the model given (stage_archive writes its absolute path), with one thread for the model
+    staged = yaml.safe_load(
+        (tmp_path / "work" / "hf" / "continuous" / "model_store" / "llama" / "model-config.yaml").read_text()
+    )
+    assert Path(staged["handler"]["model_checkpoint_dir"]).resolve() == tiny_model_dir.resolve()
+    assert staged["handler"]["backend"] == "hf" and staged["handler"]["cpu_threads"] == 1
 
 
 def test_in_process_reference_for_hf_through_the_cli(tiny_model_dir, tmp_path):

@@ -21,9 +21,11 @@ from scripts.bench.stats import (
 from scripts.bench.suite import (
     ModeRun,
     Ratio,
+    best_in_process,
     compute_ratios,
     handler_metrics,
     histogram_totals,
+    model_name,
     parse_json_output,
     plan_loads,
     sim_model_config,
@@ -138,8 +140,43 @@ def test_ratios_from_summaries():
     # without the static mode there is no P4; without a limit for the concurrent load no P2
     only = compute_ratios("sim", {"continuous": run_of("continuous", [sync, conc])}, step_1_ms=6.6)
     assert [x.name for x in only] == ["P1"]
-    hf = compute_ratios("hf", {"continuous": run_of("continuous", [sync, conc])}, in_process_tokens_per_s=500.0)
-    assert [(x.name, x.value) for x in hf] == [("P5", pytest.approx(600 / 500))]
+    hf_run = {"continuous": run_of("continuous", [sync, conc])}
+    hf = compute_ratios("hf", hf_run, in_process_tokens_per_s={1: 40.0, 8: 500.0})
+    assert [(x.name, x.value) for x in hf] == [("P5-single", pytest.approx(50 / 40)), ("P5", pytest.approx(600 / 500))]
+    assert hf[0].line() == (
+        "P5-single 1.25  goal >= 0.9 met  = served 50.0 tok/s (1 stream) / in-process 40.0 tok/s (batch 1)"
+    )
+    assert (
+        hf[1].line() == "P5 1.20  goal >= 0.9 met  = served 600.0 tok/s (8 streams) / in-process 500.0 tok/s (batch 8)"
+    )
+    # a batch the in-process loop did not measure has no ratio
+    only_p5 = compute_ratios("hf", hf_run, in_process_tokens_per_s={8: 500.0})
+    assert [x.name for x in only_p5] == ["P5"]
+    assert compute_ratios("hf", hf_run, in_process_tokens_per_s=None) == []
+
+
+def measured(batch: int, tokens_per_s: float, step_ms: float) -> dict:
+    return {"batch": batch, "steps": 63, "first_token_ms": 200.0, "step_ms": step_ms, "tokens_per_s": tokens_per_s}
+
+
+def test_best_in_process_keeps_the_fastest_run_at_each_batch():
+    before = {"backend": "hf", "batch_size": 4, "measured": {"batch_1": measured(1, 15.0, 60.0)}}
+    before["measured"]["batch_4"] = measured(4, 36.0, 98.0)
+    after = {"backend": "hf", "batch_size": 4, "measured": {"batch_1": measured(1, 16.5, 55.0)}}
+    after["measured"]["batch_4"] = measured(4, 33.0, 105.0)
+    best = best_in_process([before, after])
+    assert best["tokens_per_s_by_batch"] == {1: 16.5, 4: 36.0}
+    assert best["step_ms_by_batch"] == {1: 55.0, 4: 98.0}
+    assert best["tokens_per_s_runs"] == [{1: 15.0, 4: 36.0}, {1: 16.5, 4: 33.0}]
+    assert best["generate_tokens_per_s"] == 36.0 and best["step_1_ms"] == 55.0 and best["step_batch_ms"] == 98.0
+    assert best["measured"] == {"batch_1": after["measured"]["batch_1"], "batch_4": before["measured"]["batch_4"]}
+    assert "tokens_per_s_by_batch" not in before  # the references are not changed
+
+
+def test_model_name_from_source_json_or_the_folder(tmp_path):
+    assert model_name(tmp_path) == tmp_path.name
+    (tmp_path / "SOURCE.json").write_text('{"model": "HuggingFaceTB/SmolLM2-135M-Instruct"}')
+    assert model_name(tmp_path) == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def test_ratio_goals_and_json():
