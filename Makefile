@@ -116,8 +116,8 @@ demo: venv
 	$(PY) -m scripts.serve.client $(CLIENT_ARGS) generate "$(PROMPT)" --max-new-tokens 64
 
 # The tiers (docs/testing.md): test-fast = unit + integration (in-process); test adds e2e (every
-# test that starts a server) and real_model (the real default model served); test-perf runs the soaks and bench runs alone, one at a time, as
-# their timings ask. TEST_WORKERS pytest-xdist processes, each test file on one of them.
+# test that starts a server) and real_model (the real default model served, so it needs `model`);
+# test-perf runs the soaks and bench runs alone, one at a time, as their timings ask. TEST_WORKERS pytest-xdist processes, each test file on one of them.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
