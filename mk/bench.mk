@@ -4,8 +4,7 @@
 #                            replicas stage (1 vs 3 replicas of Llama-3.1-8B TP8, the seed workload): P7 (about 12 min)
 # make bench BACKEND=hf      the real default model (SmolLM2-135M-Instruct, f32) on CPU, continuous mode, 4 slots,
 #                            64 output tokens: served vs in-process at 1 and 4 streams (P5-single, P5), the idle
-#                            TTFT and the worker's RSS (about 2.5 min on 2 cores; 2026-12-05: P5-single 0.99, P5 0.95,
-#                            idle TTFT p50 260 ms, worker RSS peak 1085 MiB; docs/performance.md)
+#                            TTFT and the worker's RSS (about 2.5 min on 2 cores; figures in docs/performance.md)
 # make bench BENCH_LONG=1    a longer sweep: 11 loads, 4x the requests (about 40 min)
 # make bench BENCH_ARGS="--modes continuous --sweep none --no-replicas"   only the ratios' loads, one mode (P1-P3)
 # make bench BENCH_ARGS="--modes none"                      only P8 and the replicas stage (P7, the seed table)

@@ -20,7 +20,6 @@ lm-eval: $(LMEVAL_VENV)/.installed
 
 $(LMEVAL_VENV)/.installed: requirements-eval.txt
 	$(PYTHON) -m venv $(LMEVAL_VENV)
-	$(LMEVAL_VENV)/bin/pip install --quiet torch==2.13.0  # first: the CPU build (requirements-eval.txt)
 	$(LMEVAL_VENV)/bin/pip install --quiet -r requirements-eval.txt
 	touch $@
 

@@ -135,6 +135,11 @@ class Sdk:
         return self.model_cls(recipe.checkpoint, config)
 
 
+def compile_model(recipe: ModelRecipe, out_dir: str) -> None:
+    """The compile itself, in the calling process: what the child (handler/backends/nxdi_compile.py) runs."""
+    Sdk.load(recipe.model_class).build(recipe).compile(out_dir)
+
+
 def compile_in_child(recipe: ModelRecipe, out_dir: str, artifacts_dir: Path, timeout_s: float | None = None) -> None:
     """Compile into `out_dir` in a child process (NxD asks to trace in a process of its own) with the
     artifacts folder's own scratch folder (`compile_work_dir`): NxD's tracer rmtree's

@@ -9,14 +9,14 @@ import logging
 import sys
 import time
 
-from handler.backends.nxdi import ModelRecipe, Sdk
+from handler.backends.nxdi import ModelRecipe, compile_model
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="nxdi compile: %(levelname)s %(message)s")
     recipe = ModelRecipe.from_json(sys.stdin.read())
     started = time.perf_counter()
-    Sdk.load(recipe.model_class).build(recipe).compile(argv[1])
+    compile_model(recipe, argv[1])
     logging.info("compiled %s into %s in %.1f s", recipe.model_class, argv[1], time.perf_counter() - started)
     return 0
 

@@ -99,7 +99,15 @@ def reference(config: dict[str, Any], model_dir: Path, prompt_tokens: int, outpu
         out["measured"][f"batch_{batch}"] = measure(backend, batch, prompt_tokens, output_tokens, repeats)
     finally:
         backend.close()
-    if backend.name != "sim":
+    return summarize_measured(out, timed_steps=backend.name != "sim")
+
+
+def summarize_measured(out: dict[str, Any], timed_steps: bool = True) -> dict[str, Any]:
+    """`out` with the figures that follow from its `measured` runs: the step loop's tok/s at the
+    batch size and, where the steps were timed (not the sim's profile), step(1), step(batch)
+    and the ideal tok/s."""
+    batch = out["batch_size"]
+    if timed_steps:
         out["step_1_ms"] = out["measured"]["batch_1"]["step_ms"]
         out["step_batch_ms"] = out["measured"][f"batch_{batch}"]["step_ms"]
         out["ideal_tokens_per_s"] = batch / (out["step_batch_ms"] / 1000)

@@ -205,16 +205,16 @@ def simulate(profile: Profile, policy: Policy, load: Load, shape: Shape) -> list
         served = _static(profile, policy, arrivals)
     else:
         batched = policy.kind == "ideal"
-        budget = math.inf if batched else policy.prefill_token_budget
+        budget = UNBOUNDED_BUDGET if batched else policy.prefill_token_budget
         served = _slots(profile, policy.n_slots, budget, batched, arrivals)
     return sorted(served, key=lambda s: s.request.arrival)
 
 
-def _slots(profile: Profile, n_slots: int, budget: float, batched: bool, arrivals: _Arrivals) -> list[Served]:
+def _slots(profile: Profile, n_slots: int, budget: int, batched: bool, arrivals: _Arrivals) -> list[Served]:
     """The engine's step structure under a virtual clock, with admission by the engine's own
     `SlotScheduler` (handler/engine/scheduler.py), not a copy of it: each step prefills what
     the scheduler admits, then decodes every live row; a row frees its slot the moment it ends."""
-    scheduler: SlotScheduler[Served] = SlotScheduler(n_slots, UNBOUNDED_BUDGET if math.isinf(budget) else int(budget))
+    scheduler: SlotScheduler[Served] = SlotScheduler(n_slots, budget)
     now, done = 0.0, []
     live: dict[str, list[Any]] = {}  # request id -> [served, tokens still to generate], admission order
     ids = itertools.count()

@@ -39,10 +39,8 @@ after the served loads:
   P5-single = served output tok/s, one stream / in-process tok/s at batch 1    (goal >= 0.90)
   P5        = served output tok/s, B streams / in-process tok/s at batch B      (goal >= 0.90)
 beside them the idle TTFT (p50, one stream) and the TorchServe worker's RSS (scripts/bench/memory.py's
-worker_rss_mib, sampled every 0.5 s over the loads: the peak and after the loads). Measured with
-`make bench BACKEND=hf` on 2026-12-05 (2 shared cores, load average 0.8-1.1, 139 s): P5-single 0.99,
-P5 0.95, idle TTFT p50 260 ms, worker RSS peak 1085 MiB; on a busier machine (load 1.2-2.7) 0.92,
-0.89, 288 ms, 1094 MiB (docs/performance.md).
+worker_rss_mib, sampled every 0.5 s over the loads: the peak and after the loads); measured
+figures in docs/performance.md.
 Each ratio is printed last, on its own line, with its goal and its figures: `P2 0.96 ...`.
 """
 
@@ -70,6 +68,7 @@ from scripts.bench import des
 from scripts.bench import replicas as bench_replicas
 from scripts.bench import sampling as bench_sampling
 from scripts.bench import server as bench_server
+from scripts.bench.backend import summarize_measured
 from scripts.bench.client import Lengths, Load, PromptMaker, Target, Workload, run_all
 from scripts.bench.memory import worker_rss_mib
 from scripts.bench.stats import LoadSummary, SweepPoint, format_table, knee, sweep_points
@@ -970,12 +969,7 @@ def best_in_process(references: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out["tokens_per_s_by_batch"] = {batch: m["tokens_per_s"] for batch, m in sorted(best.items())}
     out["step_ms_by_batch"] = {batch: m["step_ms"] for batch, m in sorted(best.items())}
     out["tokens_per_s_runs"] = runs
-    batch = out["batch_size"]
-    out["generate_tokens_per_s"] = out["tokens_per_s_by_batch"][batch]
-    out["step_1_ms"], out["step_batch_ms"] = out["step_ms_by_batch"][1], out["step_ms_by_batch"][batch]
-    out["ideal_tokens_per_s"] = batch / (out["step_batch_ms"] / 1000)
-    out["step_loop_tokens_per_s"] = out["generate_tokens_per_s"]
-    return out
+    return summarize_measured(out)
 
 
 def run_mode(s: Setup, mode: str) -> ModeRun:

@@ -62,8 +62,8 @@ def fake_neuronx(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Pa
 def nxdi_compiles_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The nxdi compile runs in the test's process instead of a child: a child imports torch and
     transformers again (about 3.5 s on 2 cores, most of the fast tier's time). The call is the
-    child's own (`Sdk.load(...).build(recipe).compile(out)`) with the same private
-    BASE_COMPILE_WORK_DIR, removed afterwards. A test marked `compile_in_child` keeps the child."""
+    child's own (`nxdi.compile_model`) with the same private BASE_COMPILE_WORK_DIR, removed
+    afterwards. A test marked `compile_in_child` keeps the child."""
     if request.node.get_closest_marker("compile_in_child"):
         return
     from handler.backends import nxdi
@@ -73,7 +73,7 @@ def nxdi_compiles_in_process(request: pytest.FixtureRequest, monkeypatch: pytest
         with monkeypatch.context() as env:
             env.setenv("BASE_COMPILE_WORK_DIR", f"{scratch}/")
             try:
-                nxdi.Sdk.load(recipe.model_class).build(recipe).compile(out_dir)
+                nxdi.compile_model(recipe, out_dir)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
 
