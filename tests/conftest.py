@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from scripts.serve.local_torchserve import TorchServe
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # A handler whose model fails to load in-process (handler/serving/init_failure.py) exits its process
 # after this hold; in pytest that would end the run. Tests that want the exit set it lower.
@@ -58,3 +60,28 @@ def _restore_torch_threads() -> Iterator[None]:
     yield
     if torch.get_num_threads() != before:
         torch.set_num_threads(before)
+
+
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failing test that used a real torchserve gets the tail of its worker's log in its report:
+    CI shows only the report, and the workdir is gone with the machine."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for name, value in getattr(item, "funcargs", {}).items():
+        if isinstance(value, TorchServe):
+            report.sections.append((f"torchserve {name}: model_log.log (tail)", _log_tail(value)))
+
+
+def _log_tail(server: TorchServe) -> str:
+    path = server.workdir / "logs" / "model_log.log"
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(no log: {exc})"
+    return "\n".join(line[:400] for line in lines[-LOG_TAIL_LINES:])

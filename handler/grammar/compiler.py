@@ -11,12 +11,12 @@ the request's prefill finds it: the step only copies it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +49,8 @@ class PendingConstraint:
         """Why the constraint cannot be enforced, None when it can. Call once `done`."""
         if not self.future.done():
             return "the constraint was not compiled within its time budget; simplify the schema or grammar"
+        if self.future.cancelled():  # the compiler was closed: the worker is stopping
+            return "the constraint was not compiled: the worker is stopping"
         return self.future.result()
 
     @property
@@ -57,10 +59,10 @@ class PendingConstraint:
         return self.future.done() or (started is not None and time.monotonic() - started >= self.timeout_s)
 
     def wait(self) -> None:
-        """Until the compile ended or ran past its budget."""
+        """Until the compile ended or ran past its budget. (`futures.wait`, not `result(timeout)`:
+        before Python 3.11 the latter raises concurrent.futures.TimeoutError, not the builtin.)"""
         while not self.done:
-            with contextlib.suppress(TimeoutError):
-                self.future.result(timeout=WAIT_POLL_S)
+            futures.wait([self.future], timeout=WAIT_POLL_S)
 
 
 WAIT_POLL_S = 0.05
