@@ -7,6 +7,9 @@
 # INSTANCE: one name or several (space-separated); empty: all of profiles/inf2-instances.yaml.
 # PLAN_ARGS: more scripts/plan/planner.py options, e.g. "--weight-dtype int8 --slots 8,16,32 --top 20".
 # Writes build/plan/plan-<model>.png and .json; offline, a few seconds.
+# make profiles               the sim profiles the step-time model writes (scripts/plan/profiles.py: the TP8 seed
+#                             layout's, from the planner's step_profile), with their sources and the ratios to the
+#                             published points in each header; the TP24 ones stay published figures (it says why)
 INSTANCE ?=
 SLO_ITL_MS ?= 50
 SLO_TTFT_MS ?= 1000
@@ -14,9 +17,12 @@ PROMPT_TOKENS ?= 1500
 OUTPUT_TOKENS ?= 250
 PLAN_ARGS ?=
 
-.PHONY: plan
+.PHONY: plan profiles
 
 plan: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
 	$(PY) -m scripts.plan.planner --model $(MODEL_DIR) $(foreach i,$(INSTANCE),--instance $(i)) \
 		--slo-itl-ms $(SLO_ITL_MS) --slo-ttft-ms $(SLO_TTFT_MS) \
 		--prompt-tokens $(PROMPT_TOKENS) --output-tokens $(OUTPUT_TOKENS) --out $(BUILD)/plan $(PLAN_ARGS)
+
+profiles: venv
+	$(PY) -m scripts.plan.profiles

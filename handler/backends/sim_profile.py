@@ -10,6 +10,9 @@ published step times:
   rows x bucket length; linear in between and beyond.
 - `vocab_size`: the model's vocabulary; the sim samples each step from logits this wide,
   so the host pays what it pays beside the device.
+- `generated` (optional): the layout and workload a generated profile's times were modelled
+  for (`make profiles`, scripts/plan/profiles.py), so that a test can regenerate the file and
+  compare; absent from a profile of published figures.
 
 Profiles are YAML files in `profiles/`, each naming its source.
 """
@@ -31,6 +34,22 @@ class ProfileError(ValueError):
     """The profile file is missing or wrong; the message names the file and the key."""
 
 
+class Generated(BaseModel):
+    """What a generated profile was modelled for: enough to regenerate it (the step-time model
+    lives outside handler/backends, so only the inputs are recorded here)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    by: str = Field(min_length=1)  # the generator, e.g. scripts/plan/profiles.py
+    model: str = Field(min_length=1)  # a model of profiles/published-points.yaml
+    tp_degree: int = Field(ge=1)
+    weight_dtype: str = Field(min_length=1)
+    prompt_tokens: int = Field(ge=1)
+    prompt_spread: int = Field(ge=0)
+    output_tokens: int = Field(ge=1)
+    calibration_date: str = Field(min_length=1)  # published-points.yaml's date
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -42,6 +61,7 @@ class Profile(BaseModel):
     context_buckets: tuple[int, ...] = Field(min_length=1)
     decode_step_ms: dict[int, float] = Field(min_length=1)
     prefill_ms: dict[int, float] = Field(min_length=1)
+    generated: Generated | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Profile:

@@ -46,22 +46,42 @@ class SLO:
 
 
 def step_profile(
-    name: str, work: CoreWork, cal: Calibration, n_slots: int, n_positions: int, workload: Workload, vocab: int
+    name: str,
+    work: CoreWork,
+    cal: Calibration,
+    n_slots: int,
+    n_positions: int,
+    workload: Workload,
+    vocab: int,
+    buckets: Sequence[int] | None = None,
 ) -> Profile:
-    """The layout's modelled times as a sim profile (what bench_des simulates)."""
+    """The layout's modelled times as a sim profile: what bench_des simulates here, and what the
+    shipped sim profiles are (scripts/plan/profiles.py), so the plan and the sim agree.
+    `buckets`: the compiled prompt buckets; default the workload's (Workload.buckets)."""
     kv_positions = token_bucket(workload.longest_prompt + workload.output_tokens, n_positions)
     step = round(decode_ms(work, n_slots, kv_positions, cal), 4)
-    buckets = workload.buckets()
+    chosen = list(buckets) if buckets else workload.buckets()
     return Profile(
         name=name,
         source="handler/neuron/step_time.py, calibrated on profiles/published-points.yaml",
         batch_size=n_slots,
         n_positions=n_positions,
         vocab_size=max(2, vocab),
-        context_buckets=tuple(buckets),
+        context_buckets=tuple(chosen),
         decode_step_ms={1: step, n_slots: step},  # every slot computed, live or not
-        prefill_ms={b: round(prefill_ms(work, 1, b, cal), 4) for b in buckets},
+        prefill_ms=prefill_table(work, cal, n_slots, chosen),
     )
+
+
+def prefill_table(work: CoreWork, cal: Calibration, n_slots: int, buckets: Sequence[int]) -> dict[int, float]:
+    """Profile.prefill_ms (keyed by rows x bucket, interpolated linearly): one row at each bucket,
+    exact for the single-row prefills the sim and the continuous policy charge; and n_slots rows
+    at the largest bucket, so that a prefill of several rows at once (the DES's ideal policy)
+    interpolates toward the model instead of extrapolating the last two one-row points."""
+    table = {b: round(prefill_ms(work, 1, b, cal), 4) for b in buckets}
+    if n_slots > 1:
+        table[n_slots * buckets[-1]] = round(prefill_ms(work, n_slots, buckets[-1], cal), 4)
+    return table
 
 
 @dataclass

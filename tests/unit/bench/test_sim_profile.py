@@ -59,6 +59,28 @@ def test_unknown_profile_keys_are_rejected():
         Profile.model_validate({**raw, "batchsize": 4})
 
 
+def test_a_generated_profile_records_what_it_was_modelled_for():
+    raw = yaml.safe_load(PROFILE_7B.read_text())
+    assert Profile.model_validate(raw).generated is None  # a profile of published figures
+    generated = {
+        "by": "scripts/plan/profiles.py",
+        "model": "llama-2-7b",
+        "tp_degree": 24,
+        "weight_dtype": "bf16",
+        "prompt_tokens": 128,
+        "prompt_spread": 0,
+        "output_tokens": 3968,
+        "calibration_date": "2026-12-02",
+    }
+    assert Profile.model_validate({**raw, "generated": generated}).generated.tp_degree == 24
+    with pytest.raises(ValueError, match="layout"):
+        Profile.model_validate({**raw, "generated": {**generated, "layout": "TP24"}})
+    with pytest.raises(ValueError, match="tp_degree"):
+        Profile.model_validate({**raw, "generated": {**generated, "tp_degree": 0}})
+    with pytest.raises(ValueError, match="calibration_date"):
+        Profile.model_validate({**raw, "generated": {k: v for k, v in generated.items() if k != "calibration_date"}})
+
+
 def test_relative_profile_paths_resolve_against_archive_then_repository(tmp_path):
     rel = "profiles/llama-2-7b-inf2-48xl-tp24.yaml"
     assert resolve_profile_path(rel, tmp_path) == REPO / rel
