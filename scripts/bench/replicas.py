@@ -4,7 +4,7 @@ Two torchserve servers with the sim backend, one after the other, same profile a
 (default: configs/model-config-sim-3x-tp8.yaml, the Llama-3.1-8B TP8 inf2.48xlarge profile):
   1 replica   scheduler.replicas 1 (batchSize 2 x n_slots): B = n_slots concurrent streams
   R replicas  the config as shipped (R = 3): a guidellm-style throughput sweep of concurrent
-              streams, 1, 8, 32 and 96 by default; R x B is always one of the levels
+              streams, 1, 8, 32, 96 and 128 by default; R x B is always one of the levels
 Each load is closed-loop (every stream sends its next request when its last one ends), `rounds`
 requests per stream; level 1 is guidellm's `synchronous`. Requests are the seed's workload:
 1500 +- 150 prompt tokens as the tiny tokenizer counts them (the sim's prefill time follows
@@ -15,7 +15,11 @@ that count), 250 new tokens with ignore_eos, greedy.
 The `limit` figures are the same loads in the discrete-event model (scripts/bench/des.py), with
 R replicas as R independent continuous engines and the streams dealt out evenly among them, as
 the dispatcher does (a new request goes to the replica with the fewest sequences). The sweep is
-printed beside the published TGI and vLLM figures for the same layout and workload (PUBLISHED).
+printed beside the published TGI and vLLM figures for the same layout and workload (PUBLISHED), and
+
+  P11 = served output tok/s / the published vLLM tok/s at the same layout and users (P11_PUBLISHED:
+        3 replicas at 128 users, 1 replica at 32), TTFT p50 and ITL p50 beside the published ones;
+        goal >= 1.0 with TTFT p50 <= the published TTFT. The DES limit's tok/s is printed beside.
 scripts/bench/suite.py runs this stage after the scheduler modes (`--replicas`, on by default)
 and turns its loads into the P7 ratio.
 """
@@ -41,7 +45,7 @@ from scripts.bench.stats import LoadSummary, format_table, summarize
 REPO = Path(__file__).resolve().parents[2]
 SEED_CONFIG = REPO / "configs" / "model-config-sim-3x-tp8.yaml"
 SEED_PROFILE = REPO / "profiles" / "llama-3.1-8b-inf2-48xl-tp8.yaml"
-SEED_LEVELS = (1, 8, 32, 96)
+SEED_LEVELS = (1, 8, 32, 96, 128)  # 128: the users of the published DP3 x TP8 vLLM run (P11)
 SEED_PROMPT_TOKENS, SEED_PROMPT_SPREAD, SEED_OUTPUT_TOKENS = 1500, 150, 250
 
 
@@ -69,6 +73,101 @@ PUBLISHED = (
     Published("vLLM (optimum-neuron)", "synchronous", "475 ms", "26.6 ms", "35"),
     Published("vLLM (optimum-neuron)", "throughput", "4.2 s", "49.5 ms", "1226"),
 )
+
+
+@dataclass(frozen=True)
+class PublishedLoad:
+    """A published vLLM row at one layout and number of users (P11's denominator), its cells as
+    printed in the source, and the figures read from them."""
+
+    setup: str
+    load: str
+    tokens_per_s: str
+    ttft: str
+    itl: str
+    replicas: int
+    users: int
+
+    @property
+    def tokens(self) -> float:
+        return float(self.tokens_per_s)
+
+    @property
+    def ttft_ms(self) -> float:
+        value, unit = self.ttft.split()
+        return float(value) * (1000 if unit == "s" else 1)
+
+    @property
+    def itl_ms(self) -> float:
+        return float(self.itl.split()[0])
+
+
+P11_HEADING = (
+    "Serving-level, optimum-neuron vLLM on inf2.48xlarge, 2026 reruns (Llama-3.1-8B-Instruct, guidellm, "
+    "1500\N{PLUS-MINUS SIGN}150 in / 250\N{PLUS-MINUS SIGN}20 out, TP8, BS32)"
+)
+P11_SOURCE = (
+    "optimum-neuron benchmark/vllm/data-parallel/llama3.1-8b/vllm-results-dp3.csv and "
+    f"benchmark/vllm/chunked-prefill/README.md, as summarised in shared/inf2-benchmarks.md, '{P11_HEADING}'"
+)
+P11_PUBLISHED = (
+    PublishedLoad("DP=3 (3 \N{MULTIPLICATION SIGN} TP8 = 24 cores)", "128 users", "1144.5", "4.6 s", "46.0 ms", 3, 128),
+    PublishedLoad("1 replica", "throughput (32 users)", "426", "2.14 s", "59.1 ms", 1, 32),
+)
+P11_GOAL = 1.0
+
+
+@dataclass(frozen=True)
+class P11:
+    """Our served load against a published vLLM one at the same layout and users."""
+
+    published: PublishedLoad
+    served: LoadSummary
+    limit: LoadSummary
+
+    @property
+    def value(self) -> float:
+        return self.served.output_tokens_per_s / self.published.tokens
+
+    @property
+    def limit_value(self) -> float:
+        return self.limit.output_tokens_per_s / self.published.tokens
+
+    @property
+    def met(self) -> bool:
+        return self.value >= P11_GOAL and self.served.ttft_ms.p50 <= self.published.ttft_ms
+
+    def label(self) -> str:
+        name = "P11" if self.published.replicas > 1 else "P11-single"
+        replicas = f"{self.published.replicas} replica{'s' if self.published.replicas > 1 else ''}"
+        return f"{name} ({replicas}, {self.published.users} users)"
+
+    def line(self) -> str:
+        p, s = self.published, self.served
+        return (
+            f"{self.label()} {self.value:.2f}  goal >= {P11_GOAL:g} with TTFT p50 <= {p.ttft} "
+            f"{'met' if self.met else 'NOT met'}  = sim {s.output_tokens_per_s:.1f} tok/s (DES limit "
+            f"{self.limit.output_tokens_per_s:.1f}, {self.limit_value:.2f}) / vLLM {p.tokens_per_s}; TTFT p50 "
+            f"{_duration(s.ttft_ms.p50)} vs {p.ttft}, ITL p50 {s.itl_ms.p50:.1f} ms vs {p.itl}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        s, p = self.served, self.published
+        return {
+            "name": self.label(),
+            "value": _finite(self.value),
+            "limit": _finite(self.limit_value),
+            "met": self.met,
+            "load": s.name,
+            "tokens_per_s": s.output_tokens_per_s,
+            "limit_tokens_per_s": self.limit.output_tokens_per_s,
+            "ttft_p50_ms": _finite(s.ttft_ms.p50),
+            "itl_p50_ms": _finite(s.itl_ms.p50),
+            "published": asdict(p),
+            "published_ttft_ms": p.ttft_ms,
+            "published_itl_ms": p.itl_ms,
+            "published_source": P11_SOURCE,
+        }
 
 
 # -- what is run -------------------------------------------------------------------------
@@ -243,6 +342,21 @@ class Stage:
         _, _, many, one = self.p7_loads
         return many.output_tokens_per_s / (self.plan.replicas * one.output_tokens_per_s)
 
+    def p11(self) -> list[P11]:
+        """P11 for each published load that this stage ran (same replicas and users)."""
+        found = []
+        for published in P11_PUBLISHED:
+            key = "single" if published.replicas == 1 else "replicas"
+            if published.replicas not in (1, self.plan.replicas):
+                continue
+            name = load_name(published.users) + (" 1 replica" if key == "single" else "")
+            try:
+                _, served, limit = self.runs[key].find(name)
+            except KeyError:
+                continue
+            found.append(P11(published, served, limit))
+        return found
+
     def to_dict(self) -> dict[str, Any]:
         p, s = self.plan, self.settings
         many, one, _, _ = self.p7_loads
@@ -264,6 +378,7 @@ class Stage:
                 "definition": "served output tok/s of R replicas at R x B streams / (R x served output tok/s of "
                 "one replica at B streams), same profile and request shape",
             },
+            "p11": [x.to_dict() for x in self.p11()],
             "runs": {name: run.to_dict() for name, run in self.runs.items()},
             "published": [asdict(x) for x in PUBLISHED],
             "published_source": PUBLISHED_SOURCE,
@@ -386,10 +501,25 @@ def report(stage: Stage) -> str:
         f"({PUBLISHED_SOURCE}; guidellm throughput mode runs at its maximum concurrency)",
         format_seed_table(stage),
         "(published rows as printed in the source, which does not say which statistic its TTFT and ITL are)",
+        *format_p11(stage),
     ]
     if stage.settings.time_scale != 1.0:
         text.append(f"(every simulated time x {stage.settings.time_scale:g}: not comparable with the published rows)")
     return "\n".join(text)
+
+
+def format_p11(stage: Stage) -> list[str]:
+    """P11's lines (indented: the suite's own ratio lines are the ones that start with P)."""
+    found = stage.p11()
+    if not found:
+        return []
+    return [
+        "",
+        f"against the published vLLM runs, P11 = our served output tok/s (sim) / the published figure at the same "
+        f"layout and users ({P11_SOURCE}); "
+        f"goal >= {P11_GOAL:g} with TTFT p50 <= the published TTFT",
+        *(f"  {x.line()}" for x in found),
+    ]
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
