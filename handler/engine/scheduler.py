@@ -55,6 +55,11 @@ class SlotScheduler(Generic[T]):
         return len(self._running)
 
     @property
+    def unclaimed_slots(self) -> int:
+        """Free slots that no waiting sequence takes at the next `schedule()`: room for a newcomer."""
+        return max(0, len(self._free) - len(self._waiting))
+
+    @property
     def idle(self) -> bool:
         return not self._waiting and not self._running
 

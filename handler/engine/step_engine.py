@@ -11,6 +11,14 @@ produced since the last take (`Update`). With `start()` the steps run on a threa
 their own, so the next step runs while the caller ships this step's tokens (vLLM's async
 output processing); without it the caller runs `step()` itself. Backend calls come from
 one thread at a time; whatever a backend raises fails the sequences of that call only.
+
+Waiting for arrivals: with the steps on their own thread, the next step starts before the
+caller (the frontend's next call) has handed over what arrived during the last one, so a
+newcomer would wait a whole step more for its prefill. When a slot is free for it, the engine
+holds the next step until the caller says it has admitted what it had (`admissions_done`), for
+at most `admission_wait` of the last step's time, and only while the caller's calls usually
+come within that: the hold costs a round trip per step where it happens, so short steps
+(where a round trip is a large share of the step) keep the overlap.
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ from handler.errors import EngineError, InvalidRequest, ServingError
 from handler.request import SlotRequestError, TokenChoice
 
 logger = logging.getLogger(__name__)
+
+
+# How fast the caller's smoothed gap follows a new one (an exponential moving average).
+GAP_SMOOTHING = 0.2
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,7 @@ class StepEngine:
         backend: Backend,
         prefill_token_budget: int,
         clock: Callable[[], float] = time.perf_counter,
+        admission_wait: float = 0.0,
     ) -> None:
         self.backend = backend
         self.scheduler: SlotScheduler[Sequence] = SlotScheduler(backend.n_slots, prefill_token_budget)
@@ -68,6 +81,14 @@ class StepEngine:
         self._step_started: float | None = None  # while a step runs
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # Holding a step for the caller's admissions (see the module's docstring).
+        self.admission_wait = admission_wait  # the longest hold, as a fraction of the last step's time
+        self._last_step_s = 0.0
+        self._step_ended_at: float | None = None
+        self._admitted_since_step = True  # the caller's admissions since the last step ended
+        self._caller_gap_s: float | None = None  # a step's end to the caller's admissions, smoothed
+        self.holds = 0  # steps held for the caller, and how many of those it reached in time
+        self.holds_met = 0
         # Called (from the stepping thread) after a step that left the engine idle, e.g. one that
         # ran a cancelled request to its end with no frontend call to follow: the gauges say 0 then.
         self.on_idle: Callable[[], None] | None = None
@@ -96,6 +117,17 @@ class StepEngine:
             if not self.scheduler.idle:
                 self._failure = error
                 self._changed.notify_all()
+
+    def admissions_done(self) -> None:
+        """The caller has submitted everything it had (a frontend call's new arrivals): a step held
+        for it may start. The first such call after a step tells how long the caller takes."""
+        with self._changed:
+            if not self._admitted_since_step and self._step_ended_at is not None:
+                gap = self._clock() - self._step_ended_at
+                smoothed = self._caller_gap_s
+                self._caller_gap_s = gap if smoothed is None else smoothed + GAP_SMOOTHING * (gap - smoothed)
+            self._admitted_since_step = True
+            self._changed.notify_all()
 
     def take(self, request_ids: Iterable[str]) -> dict[str, Update]:
         """The text each request produced since the last take, and whether it ended; a
@@ -145,10 +177,32 @@ class StepEngine:
                     self._changed.wait()
                 if self._stopping:
                     return
+                self._hold_for_admissions()
             try:
                 self.step()
             except Exception:  # step() answers failures per sequence; this is a bug: keep serving
                 logger.exception("engine step failed")
+
+    def holds_next_step(self) -> bool:
+        """Whether the next step would wait for the caller's admissions: a slot is free for a
+        newcomer, the caller has not come since the last step, and it usually comes in time."""
+        limit = self.admission_wait * self._last_step_s
+        if limit <= 0 or self._admitted_since_step or not self.scheduler.unclaimed_slots:
+            return False
+        return self._caller_gap_s is None or self._caller_gap_s <= limit
+
+    def _hold_for_admissions(self) -> None:
+        """Under the lock: wait for the caller's admissions before the next step, if it is worth it."""
+        if not self.holds_next_step():
+            return
+        self.holds += 1
+        deadline = self._clock() + self.admission_wait * self._last_step_s
+        while not (self._admitted_since_step or self._stopping):
+            left = deadline - self._clock()
+            if left <= 0:
+                return
+            self._changed.wait(left)
+        self.holds_met += 1
 
     # -- one step ------------------------------------------------------------------------
     def step(self) -> bool:
@@ -305,6 +359,11 @@ class StepEngine:
         with self._changed:
             if prefilled or decoded:
                 self.steps += 1
+                now = self._clock()
+                if self._step_started is not None:
+                    self._last_step_s = now - self._step_started
+                self._step_ended_at = now
+                self._admitted_since_step = False
                 self._records.append(
                     StepRecord(
                         prefill_s,

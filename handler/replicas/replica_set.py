@@ -176,6 +176,10 @@ class ReplicaSet:
         if process is not None:
             process.send(Abort(request_id))
 
+    def admissions_done(self) -> None:
+        """Nothing to release: each replica steps on in its own process; a newcomer reaches it by
+        message and joins its next step, held for no caller (handler/engine/step_engine.py)."""
+
     def fail_all(self, error: ServingError) -> None:
         """End every sequence with `error` now (the drain deadline passed); the replicas drop them."""
         aborts = []

@@ -97,7 +97,11 @@ class ContinuousServing:
         self.replicas: ReplicaSet | None = backend.replicas if isinstance(backend, ReplicatedModel) else None
         # Without overlap (and so without replicas, which always step on their own) this thread runs
         # each step itself: `_inline` is that StepEngine.
-        self._inline = None if self.replicas else StepEngine(backend, settings.prefill_token_budget)
+        self._inline = (
+            None
+            if self.replicas
+            else StepEngine(backend, settings.prefill_token_budget, admission_wait=settings.admission_wait)
+        )
         self.engine: Engine = self.replicas or self._inline
         self.overlap = settings.overlap or self.replicas is not None
         self._failed: FailedServing | None = None  # a replica gave up starting: the worker fails
@@ -158,6 +162,7 @@ class ContinuousServing:
             if request_id not in self._tracked and request_id not in self._answered:
                 self._admit(index, request_id, data[index], context)
         compiling = self._settle_compiling(ids)
+        self.engine.admissions_done()  # a step held for this call's arrivals may start
         if self.overlap:
             if not any(r in self._answered or self._answerable(self._tracked[r]) for r in ids.values()):
                 cap = min(self._wait_cap(), COMPILE_POLL_S) if compiling else self._wait_cap()

@@ -4,6 +4,7 @@ on CPU: requests join and leave between steps, each gets its own answer."""
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -208,3 +209,57 @@ def test_a_hung_step_fails_the_requests_in_flight_instead_of_hanging(tiny_model_
     finally:
         release.set()
         handler.shutdown()
+
+
+@pytest.mark.parametrize(("admission_wait", "steps_later"), [(0.5, 1), (0.0, 2)], ids=["held", "not-held"])
+def test_a_request_arriving_mid_step_is_prefilled_in_the_next_step(tiny_model_dir, admission_wait, steps_later):
+    """The frontend hands over an arrival only in its call after the running step; an overlapped
+    engine has started the next step by then. Holding that step for the call (a slot is free)
+    prefills the newcomer one step sooner; without the hold it waits a step more (the control)."""
+    yaml = model_yaml(tiny_model_dir)
+    yaml["scheduler"]["admission_wait"] = admission_wait
+    handler = Inf2StreamingHandler()
+    context = make_context(yaml, str(tiny_model_dir))
+    handler.initialize(context)
+    engine = handler.serving.engine
+    backend = handler.serving.service.backend
+    decode, prefill = backend.decode, backend.prefill
+    prefilled_after: list[int] = []  # steps completed when each prefill started, in order
+
+    def slow_decode(slots):
+        time.sleep(0.3)
+        return decode(slots)
+
+    def recording_prefill(requests):
+        prefilled_after.extend(engine.steps for _ in requests)
+        return prefill(requests)
+
+    backend.decode, backend.prefill = slow_decode, recording_prefill
+    frontend = ContinuousFrontend(handler, context, batch_size=2 * N_SLOTS)
+    stop = threading.Event()
+
+    def frontend_loop():
+        while not stop.is_set():
+            frontend.call() if frontend.busy else time.sleep(0.002)
+
+    loop = threading.Thread(target=frontend_loop, daemon=True)
+    loop.start()
+    try:
+        frontend.submit({"prompt": "an earlier request", "max_new_tokens": 8, "ignore_eos": True})
+        _until(lambda: engine.steps >= 2 and 0.05 < engine.step_running_for() < 0.15)
+        arrived_during = engine.steps + 1  # the step running now
+        frontend.submit({"prompt": "a newcomer", "max_new_tokens": 2, "ignore_eos": True})
+        _until(lambda: len(prefilled_after) == 2)
+        assert prefilled_after[1] + 1 == arrived_during + steps_later
+        _until(lambda: not frontend.busy)
+    finally:
+        stop.set()
+        loop.join(timeout=30)
+        handler.shutdown()
+
+
+def _until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)

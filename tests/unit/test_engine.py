@@ -765,3 +765,34 @@ def test_more_sequences_than_slots_is_refused(tiny_tokenizer):
     assert backend.calls == [] and all(s.state is State.RUNNING for s in seqs)
     run_micro(backend, [])  # an empty batch does nothing
     assert backend.calls == []
+
+
+# -- holding a step for the caller's admissions -------------------------------------------
+def test_the_next_step_is_held_for_the_caller_only_where_it_is_worth_it(tiny_tokenizer):
+    """A step is held only with a slot free for a newcomer, until the caller's admissions, and not
+    once the caller is seen to come later than the hold would last (a share of the last step)."""
+    backend = ScriptedBackend(tiny_tokenizer, n_slots=2)
+    backend.decode_cost = 1.0
+    engine = StepEngine(backend, 10_000, clock=lambda: backend.now, admission_wait=0.1)
+    engine.submit(make_seq(tiny_tokenizer, "long one", max_new_tokens=50, ignore_eos=True))
+    assert not engine.holds_next_step()  # no step yet: nothing to size a hold by
+    engine.step()
+    assert engine.holds_next_step()  # a slot is free and the caller has not come since
+    backend.now += 0.05
+    engine.admissions_done()  # 50 ms after the step: within 10 % of a 1 s step
+    assert not engine.holds_next_step()  # it came
+    engine.step()
+    assert engine.holds_next_step()
+    engine.submit(make_seq(tiny_tokenizer, "fills the batch", max_new_tokens=50, ignore_eos=True))
+    assert not engine.holds_next_step()  # the waiting one takes the free slot: no room for a newcomer
+    engine.abort("fills the batch")
+    engine.step()
+    backend.now += 0.9
+    engine.admissions_done()  # far later than the hold would last: the average gap is now above it
+    engine.step()
+    assert not engine.holds_next_step()
+    assert not backend.violations
+    never = StepEngine(ScriptedBackend(tiny_tokenizer, n_slots=2), 10_000, admission_wait=0.0)
+    never.submit(make_seq(tiny_tokenizer, "alone", max_new_tokens=50, ignore_eos=True))
+    never.step()
+    assert not never.holds_next_step()
