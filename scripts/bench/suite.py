@@ -129,6 +129,7 @@ def with_scheduler(
     overlap: bool = True,
     max_batch_delay_ms: float = 20,
     in_flight: int | None = None,
+    admission_wait: float | None = None,
 ) -> dict[str, Any]:
     """`config` set up for one scheduler mode.
 
@@ -154,6 +155,8 @@ def with_scheduler(
             "prefill_token_budget": prefill_token_budget,
             "overlap": overlap,
         }
+        if admission_wait is not None:  # else the handler's default
+            out["scheduler"]["admission_wait"] = admission_wait
     elif mode == "static":
         out.pop("continuousBatching", None)
         out["batchSize"] = n_slots
@@ -786,6 +789,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output-tokens", type=int, help=f"default: 128 (sim), {HF_OUTPUT_TOKENS} (hf)")
     parser.add_argument("--prefill-token-budget", type=int, default=des.DEFAULT_BUDGET)
     parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True, help="scheduler.overlap")
+    parser.add_argument(
+        "--admission-wait", type=float, default=None, help="scheduler.admission_wait (default: the handler's)"
+    )
     parser.add_argument("--max-batch-delay-ms", type=float, default=20, help="static mode's maxBatchDelay")
     parser.add_argument("--in-flight", type=int, help="continuous mode's batchSize (default 2 x n_slots)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="sim: scales every simulated sleep (> 0)")
@@ -890,7 +896,14 @@ def set_up(args: argparse.Namespace) -> Setup:
     )
     configs = {
         m: with_scheduler(
-            base, m, n_slots, args.prefill_token_budget, args.overlap, args.max_batch_delay_ms, args.in_flight
+            base,
+            m,
+            n_slots,
+            args.prefill_token_budget,
+            args.overlap,
+            args.max_batch_delay_ms,
+            args.in_flight,
+            args.admission_wait,
         )
         for m in args.mode_list
     }

@@ -85,7 +85,7 @@ def test_suite_prints_and_writes_p7_against_stand_in_servers(tmp_path, monkeypat
 
     # the seed table: one simulated row per level, the four published rows and their source
     ours = [line.split()[2] for line in text.splitlines() if line.startswith("ours (simulated)")]
-    assert ours == ["synchronous", "concurrent@8", "concurrent@32", "concurrent@96"]
+    assert ours == ["synchronous", "concurrent@8", "concurrent@32", "concurrent@96", "concurrent@128"]
     assert sum(line.endswith("(published)") or "(published) " in line for line in text.splitlines()) == 4
     assert bench_replicas.PUBLISHED_SOURCE in text
     # P7 is low here: its per-step host time is printed with it, and says the steps were longer
