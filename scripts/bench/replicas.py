@@ -170,6 +170,44 @@ class P11:
         }
 
 
+P12_GOAL = 1.3
+
+
+@dataclass(frozen=True)
+class P12:
+    """Served TTFT p50 against the reference's (the discrete-event model, where a request reaches
+    the engine the instant it is sent) at one load of the seed workload: what the serving path adds
+    before a request's prefill."""
+
+    label: str  # e.g. "P12-single (1 replica, 32 streams)"
+    served: LoadSummary
+    limit: LoadSummary
+
+    @property
+    def value(self) -> float:
+        return self.served.ttft_ms.p50 / self.limit.ttft_ms.p50
+
+    @property
+    def met(self) -> bool:
+        return self.value <= P12_GOAL
+
+    def line(self) -> str:
+        return (
+            f"{self.label} {self.value:.2f}  goal <= {P12_GOAL:g} {'met' if self.met else 'NOT met'}  = served TTFT "
+            f"p50 {self.served.ttft_ms.p50:.0f} ms / reference {self.limit.ttft_ms.p50:.0f} ms ({self.served.name})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.label,
+            "value": _finite(self.value),
+            "met": self.met,
+            "load": self.served.name,
+            "ttft_p50_ms": _finite(self.served.ttft_ms.p50),
+            "reference_ttft_p50_ms": _finite(self.limit.ttft_ms.p50),
+        }
+
+
 # -- what is run -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Settings:
@@ -357,6 +395,15 @@ class Stage:
             found.append(P11(published, served, limit))
         return found
 
+    def p12(self) -> list[P12]:
+        """P12 at B streams on one replica and at R x B on R replicas (P7's two loads)."""
+        many, one, many_limit, one_limit = self.p7_loads
+        r, b = self.plan.replicas, self.plan.streams
+        return [
+            P12(f"P12-single (1 replica, {b} streams)", one, one_limit),
+            P12(f"P12 ({r} replicas, {r * b} streams)", many, many_limit),
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         p, s = self.plan, self.settings
         many, one, _, _ = self.p7_loads
@@ -379,6 +426,7 @@ class Stage:
                 "one replica at B streams), same profile and request shape",
             },
             "p11": [x.to_dict() for x in self.p11()],
+            "p12": [x.to_dict() for x in self.p12()],
             "runs": {name: run.to_dict() for name, run in self.runs.items()},
             "published": [asdict(x) for x in PUBLISHED],
             "published_source": PUBLISHED_SOURCE,
@@ -502,6 +550,10 @@ def report(stage: Stage) -> str:
         format_seed_table(stage),
         "(published rows as printed in the source, which does not say which statistic its TTFT and ITL are)",
         *format_p11(stage),
+        "",
+        f"serving overhead before the prefill, P12 = served TTFT p50 / the reference's at the same load; "
+        f"goal <= {P12_GOAL:g}",
+        *(f"  {x.line()}" for x in stage.p12()),
     ]
     if stage.settings.time_scale != 1.0:
         text.append(f"(every simulated time x {stage.settings.time_scale:g}: not comparable with the published rows)")

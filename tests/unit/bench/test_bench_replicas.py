@@ -170,6 +170,21 @@ def test_p11_leaves_out_loads_that_were_not_run(tmp_path):
     assert [x.label() for x in stage.p11()] == ["P11-single (1 replica, 32 users)"]  # no 128-user load
 
 
+def test_p12_is_served_ttft_p50_over_the_reference_s_at_p7_s_two_loads(tmp_path):
+    stage = stage_of(tmp_path, ttft_scale=1.5)
+    single, many = stage.p12()
+    _, served, limit = stage.runs["single"].find("concurrent@32 1 replica")
+    assert single.served is served and single.limit is limit
+    assert single.value == pytest.approx(1.5) and not single.met
+    _, served, _ = stage.runs["replicas"].find("concurrent@96")
+    assert many.served is served and many.value == pytest.approx(1.5)
+    assert single.label == "P12-single (1 replica, 32 streams)" and many.label == "P12 (3 replicas, 96 streams)"
+    assert all(x.met for x in stage_of(tmp_path, ttft_scale=1.2).p12())
+    text = bench_replicas.report(stage)
+    assert f"  {single.line()}" in text and f"  {many.line()}" in text and "NOT met" in single.line()
+    assert [x["value"] for x in stage.to_dict()["p12"]] == [pytest.approx(1.5), pytest.approx(1.5)]
+
+
 # -- the suite with the stage, against stand-in servers -------------------------------------
 def test_no_replicas_leaves_the_stage_out(tmp_path):
     from scripts.bench import suite as bench_suite
