@@ -434,6 +434,31 @@ def format_reference(ref: Reference, shape: Shape) -> str:
     return "\n".join(lines)
 
 
+def budget_study(
+    profile: Profile, shape: Shape, n_slots: int, budgets: Sequence[int], loads: Sequence[Load]
+) -> dict[str, dict[int, LoadSummary]]:
+    """Each load under the continuous policy at each `prefill_token_budget`: what grouping the waiting
+    prefills (a larger budget) or spreading them (one prompt per step) does to TTFT and ITL."""
+    names = [f"{x.kind}@{x.streams}" if x.closed else f"{x.kind} {x.rate:.3g}/s" for x in loads]
+    return {
+        name: {b: run(profile, Policy("continuous", n_slots, prefill_token_budget=b), load, shape) for b in budgets}
+        for name, load in zip(names, loads, strict=True)
+    }
+
+
+def format_budget_study(study: dict[str, dict[int, LoadSummary]]) -> str:
+    head = f"{'load':<22} {'budget':>7} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p90':>9} {'ITL p50':>8} {'ITL p90':>8}"
+    lines = [head, "-" * len(head)]
+    for name, by_budget in study.items():
+        for budget, x in by_budget.items():
+            lines.append(
+                f"{name:<22} {budget:>7} {x.output_tokens_per_s:>7.1f} {x.ttft_ms.p50:>9.0f} {x.ttft_ms.p90:>9.0f} "
+                f"{x.itl_ms.p50:>8.1f} {x.itl_ms.p90:>8.1f}"
+            )
+    lines.append("(continuous policy; ms; ITL: each request's mean inter-token latency, then p50/p90 over requests)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", type=Path, required=True)
@@ -451,6 +476,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-slots", type=int, help="default: the profile's batch_size")
     parser.add_argument("--prefill-token-budget", type=int, default=DEFAULT_BUDGET)
     parser.add_argument("--max-batch-delay-ms", type=float, default=DEFAULT_MAX_BATCH_DELAY_S * 1000)
+    parser.add_argument(
+        "--budgets", type=parse_budgets, default=(), help="also each load at these prefill_token_budgets: 1536,4096"
+    )
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
 
@@ -486,8 +514,25 @@ def main(argv: list[str] | None = None) -> None:
                 f"{k:>10} at {args.rate:.2f} req/s: TTFT p50 {s.ttft_ms.p50:.1f} ms, ITL p50 {s.itl_ms.p50:.2f} ms, "
                 f"{s.output_tokens_per_s:.1f} tok/s"
             )
+    if args.budgets:
+        n_slots = args.n_slots or profile.batch_size
+        loads = [Load("concurrent", (args.streams or n_slots) * args.rounds, args.streams or n_slots)]
+        loads += [Load("poisson", args.requests, rate=f * ref.capacity_req_per_s) for f in fractions]
+        study = budget_study(profile, shape, n_slots, args.budgets, loads)
+        print(format_budget_study(study))
+        out["budgets"] = {name: {b: x.to_dict() for b, x in row.items()} for name, row in study.items()}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
+
+
+def parse_budgets(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"bad budgets {text!r}: use e.g. 1536,2048,4096 (prompt tokens per step)")
+    return values
 
 
 def parse_fractions(text: str) -> tuple[float, ...]:

@@ -30,10 +30,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from handler.backends.sim_profile import Profile
 from handler.errors import ConfigError
 from handler.neuron.memory import ModelShape, estimate
 from handler.neuron.step_calibration import POINTS_FILE, Check, as_dict, calibrated, format_validation
 from handler.neuron.step_time import Calibration, CoreWork
+from scripts.bench.des import DEFAULT_BUDGET
 from scripts.plan.layouts import (
     INSTANCES_FILE,
     SLOT_CHOICES,
@@ -45,7 +47,16 @@ from scripts.plan.layouts import (
     most_positions,
 )
 from scripts.plan.report import Outcome, config_snippet, format_losers, format_ranking, plot, rank
-from scripts.plan.sweep import REQUESTS_PER_LOAD, SLO, Sweep, step_profile, sweep
+from scripts.plan.sweep import (
+    REQUESTS_PER_LOAD,
+    SLO,
+    BudgetTrial,
+    Sweep,
+    choose_budget,
+    format_budgets,
+    step_profile,
+    sweep,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,6 +69,7 @@ def evaluate(
     slo: SLO,
     requests: int,
     presharded: bool = False,
+    budget: int = DEFAULT_BUDGET,
 ) -> list[Outcome]:
     """Each candidate's fit, steps and sweep. Layouts with the same tp_degree, slots and replicas
     behave alike on any instance: each is simulated once. `presharded`: fit_problem_of's."""
@@ -68,7 +80,7 @@ def evaluate(
         if outcome.no_fit is None:
             key = (c.tp_degree, c.n_slots, c.replicas)
             if key not in swept:
-                swept[key] = _sweep_one(shape, c, cal, workload, slo, requests)
+                swept[key] = _sweep_one(shape, c, cal, workload, slo, requests, budget)
             outcome.decode_ms, outcome.prefill_ms, outcome.sweep, outcome.miss = swept[key]
             outcome.most_positions = most_positions(shape, c)
             outcome.near_hbm_limit = estimate(shape, c.layout).near_limit
@@ -76,13 +88,18 @@ def evaluate(
     return outcomes
 
 
-def _sweep_one(
-    shape: ModelShape, c: Candidate, cal: Calibration, workload: Workload, slo: SLO, requests: int
-) -> tuple[float, float, Sweep | None, str | None]:
+def profile_of(shape: ModelShape, c: Candidate, cal: Calibration, workload: Workload) -> Profile:
+    """The layout's modelled step times, as the sim would run them."""
     work = CoreWork.of(shape, c.tp_degree, c.weight_dtype, sdk=c.sdk)
-    profile = step_profile(
+    return step_profile(
         f"plan {shape.name} TP{c.tp_degree} x {c.n_slots}", work, cal, c.n_slots, c.n_positions, workload, shape.vocab
     )
+
+
+def _sweep_one(
+    shape: ModelShape, c: Candidate, cal: Calibration, workload: Workload, slo: SLO, requests: int, budget: int
+) -> tuple[float, float, Sweep | None, str | None]:
+    profile = profile_of(shape, c, cal, workload)
     step_ms = profile.decode_s(c.n_slots) * 1000
     prefill_ms = profile.prefill_s(1, workload.prompt_tokens) * 1000
     if step_ms > slo.itl_p50_ms:
@@ -94,7 +111,7 @@ def _sweep_one(
         )
     if prefill_ms > slo.ttft_p90_ms:
         return step_ms, prefill_ms, None, f"one prefill is {prefill_ms:.0f} ms > TTFT {slo.ttft_p90_ms:g}"
-    result = sweep(profile, c.replicas, workload, slo, requests=requests)
+    result = sweep(profile, c.replicas, workload, slo, budget=budget, requests=requests)
     miss = None if result.best else f"at {result.points[0].rate:.2g} req/s already {result.first_miss}"
     return step_ms, prefill_ms, result, miss
 
@@ -149,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("neuronx", "nxdi"), default="neuronx", help="for the snippet")
     parser.add_argument("--price", type=parse_price, action="append", default=[], help="INSTANCE=USD_PER_HOUR")
     parser.add_argument("--requests", type=at_least(1), default=REQUESTS_PER_LOAD, help="per replica and load")
+    parser.add_argument(
+        "--prefill-token-budget",
+        type=at_least(1),
+        default=None,
+        help="scheduler.prefill_token_budget for every layout; default: every layout at "
+        f"{DEFAULT_BUDGET}, then the winner's chosen among 1, 2, 4 and 8 of the longest prompt",
+    )
     parser.add_argument("--top", type=at_least(1), default=10, help="rows of the ranking")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "plan", help="the PNG and JSON go here")
     parser.add_argument("--instances-file", type=Path, default=INSTANCES_FILE)
@@ -187,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(on-demand {prices.region}, prices of {prices.date})"
     )
     presharded = args.backend == "nxdi"  # save_sharded_checkpoint: true, the nxdi backend's default
-    outcomes = rank(evaluate(shape, found, cal, workload, slo, args.requests, presharded))
+    budget = args.prefill_token_budget or DEFAULT_BUDGET
+    outcomes = rank(evaluate(shape, found, cal, workload, slo, args.requests, presharded, budget))
     print(format_ranking(outcomes, slo, args.top))
     losers = format_losers(outcomes)
     if losers:
@@ -198,20 +223,42 @@ def main(argv: list[str] | None = None) -> int:
     png = plot(outcomes, slo, args.out / f"{stem}.png", f"{shape.name}: throughput vs ITL p50 (modelled)")
     if png:
         print(f"\nPlot: {png}")
-    (args.out / f"{stem}.json").write_text(json.dumps(report(outcomes, checks, workload, slo), indent=1))
     winner = next((o for o in outcomes if o.best is not None), None)
+    trials: list[BudgetTrial] = []
+    if winner and args.prefill_token_budget is None:
+        chosen, trials = choose_budget(
+            profile_of(shape, winner.candidate, cal, workload), winner.candidate.replicas, workload, slo, args.requests
+        )
+        print("\n" + format_budgets(chosen, trials))
+        if chosen is not None:
+            budget = chosen.budget
+    figures = report(outcomes, checks, workload, slo) | {"prefill_token_budget": _budgets(budget, trials)}
+    (args.out / f"{stem}.json").write_text(json.dumps(figures, indent=1))
     if winner:
         more = ""
         if winner.most_positions > winner.candidate.n_positions:
             more = f" (up to n_positions {winner.most_positions} also fits these slots)"
         print(f"\nWinner: {winner.candidate.label()}{more}. model-config.yaml:\n")
-        print(config_snippet(winner, workload, shape.name, args.backend))
+        print(config_snippet(winner, workload, shape.name, args.backend, budget))
     else:
         print("\nNo winner: loosen the SLO, shorten the workload, or try --weight-dtype int8.")
     sweeps = {id(o.sweep): o.sweep for o in outcomes if o.sweep}
     sims = sum(len(s.points) for s in sweeps.values())
     print(f"({time.perf_counter() - started:.1f} s: {len(sweeps)} layouts swept, {sims} simulated loads)")
     return 0 if winner else 1
+
+
+def _budgets(chosen: int, trials: list[BudgetTrial]) -> dict[str, Any]:
+    """The budget in the snippet, and each one tried for the winner."""
+    tried = []
+    for t in trials:
+        b = t.best
+        tried.append(
+            {"budget": t.budget, "prompts": t.prompts}
+            | ({"req_per_s": round(b.rate, 4), "ttft_p90_ms": round(b.summary.ttft_ms.p90, 1)} if b else {})
+            | ({"itl_p50_ms": round(b.summary.itl_ms.p50, 2)} if b else {})
+        )
+    return {"chosen": chosen, "tried": tried}
 
 
 def _count(n: int) -> str:

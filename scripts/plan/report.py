@@ -121,7 +121,9 @@ def format_losers(ranked: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def config_snippet(o: Outcome, workload: Workload, model: str, backend: str = "neuronx") -> str:
+def config_snippet(
+    o: Outcome, workload: Workload, model: str, backend: str = "neuronx", prefill_token_budget: int = 2048
+) -> str:
     c = o.candidate
     slots = c.replicas * c.n_slots
     buckets = workload.buckets()
@@ -156,7 +158,7 @@ scheduler:
   mode: "continuous"
   n_slots: {c.n_slots}
   replicas: {c.replicas}
-  prefill_token_budget: 2048
+  prefill_token_budget: {prefill_token_budget}
   overlap: true
 """
 

@@ -173,3 +173,59 @@ def sweep(
             else:
                 high = middle
     return result
+
+
+# Prefills a step may hold, in prompts of the workload's longest length: the budgets tried for the
+# winner (scheduler.prefill_token_budget). One per step bounds the running streams' pause to one
+# prefill; more admits a burst sooner but pauses them for several.
+BUDGET_PROMPTS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class BudgetTrial:
+    budget: int  # prompt tokens per step
+    prompts: int  # of the longest prompt
+    sweep: Sweep
+
+    @property
+    def best(self) -> LoadPoint | None:
+        return self.sweep.best
+
+
+def choose_budget(
+    profile: Profile,
+    replicas: int,
+    workload: Workload,
+    slo: SLO,
+    requests: int = REQUESTS_PER_LOAD,
+    prompts: Sequence[int] = BUDGET_PROMPTS,
+) -> tuple[BudgetTrial | None, list[BudgetTrial]]:
+    """Each budget's sweep; the chosen one serves the highest rate within the SLO, then has the
+    lowest TTFT p90 there, then is the smallest. None when no budget meets the SLO."""
+    trials = [
+        BudgetTrial(
+            k * workload.longest_prompt,
+            k,
+            sweep(profile, replicas, workload, slo, budget=k * workload.longest_prompt, requests=requests),
+        )
+        for k in prompts
+    ]
+    within = [t for t in trials if t.best is not None]
+    if not within:
+        return None, trials
+    chosen = max(within, key=lambda t: (round(t.best.rate, 6), -t.best.summary.ttft_ms.p90, -t.budget))  # type: ignore[union-attr]
+    return chosen, trials
+
+
+def format_budgets(chosen: BudgetTrial | None, trials: Sequence[BudgetTrial]) -> str:
+    lines = ["scheduler.prefill_token_budget for the winner (the same sweep at each budget):"]
+    for t in trials:
+        b = t.best
+        figures = (
+            f"up to {b.rate:.3g} req/s, TTFT p90 {b.summary.ttft_ms.p90:.0f} ms, ITL p50 {b.summary.itl_ms.p50:.1f} ms"
+            if b
+            else "misses the SLO at every load"
+        )
+        mark = "  <- chosen" if t is chosen else ""
+        lines.append(f"  {t.budget:>6} ({t.prompts} prompt{'s' if t.prompts > 1 else ''} per step): {figures}{mark}")
+    return "\n".join(lines)

@@ -225,3 +225,21 @@ def test_admission_is_the_engines_own_slot_scheduler(profile, monkeypatch):
     one_per_step = ttfts(profile, policy, at(0.0, 0.0))
     pf, d1 = profile.prefill_s(1, 100), profile.decode_s(1)
     assert one_per_step == pytest.approx([pf, pf + d1 + pf])
+
+
+def test_the_budget_study_trades_ttft_for_fewer_pauses_under_closed_long_prompts(capsys):
+    """The seed workload's 32 closed-loop streams: one 1500-token prompt per step starts each
+    request soonest; a budget that groups waiting prompts pauses the streams less often (lower
+    ITL) and makes newcomers wait for the group (higher TTFT). `--budgets` prints each."""
+    from scripts.bench import des
+
+    profile = load_profile(PROFILE_7B.parent / "llama-3.1-8b-inf2-48xl-tp8.yaml")
+    shape = Shape(1500, 250, 150)
+    study = des.budget_study(profile, shape, 32, (2048, 16384), [Load("concurrent", 32 * 4, 32)])
+    one, grouped = study["concurrent@32"][2048], study["concurrent@32"][16384]
+    assert one.ttft_ms.p50 < grouped.ttft_ms.p50 and grouped.itl_ms.p50 < one.itl_ms.p50
+    des.main(["--profile", str(PROFILE_7B), "--policy", "continuous", "--requests", "50", "--budgets", "100,800"])
+    out = capsys.readouterr().out
+    assert "budget" in out and " 800 " in out.split("(continuous policy; ms")[0]
+    with pytest.raises(SystemExit):
+        des.main(["--profile", str(PROFILE_7B), "--budgets", "0"])

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -16,6 +17,7 @@ REPO = Path(__file__).resolve().parent.parent.parent.parent
 from handler.config import ServingConfig
 from handler.neuron.memory import ModelShape
 from scripts.plan import planner as plan
+from scripts.plan import sweep
 from scripts.plan.layouts import Candidate, Workload, fit_problem_of, load_instances
 
 CONFIGS = REPO / "tests" / "fixtures" / "configs"
@@ -121,3 +123,33 @@ def test_arguments_that_would_make_a_meaningless_plan_are_refused(option: str, v
     with pytest.raises(SystemExit) as exited:
         plan.main(["--model", str(CONFIGS / "llama-2-7b.json"), option, value, "--out", str(tmp_path)])
     assert exited.value.code == 2
+
+
+def test_the_winner_s_prefill_token_budget_is_searched_and_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    argv = ["--model", str(CONFIGS / "llama-3.1-8b.json"), "--instance", "inf2.48xlarge", "--out", str(tmp_path)]
+    code, out = run_plan(capsys, *argv, "--prompt-spread", "150")
+    assert code == 0, out
+    budgets = json.loads((tmp_path / "plan-llama-3.1-8b.json").read_text())["prefill_token_budget"]
+    assert [t["budget"] for t in budgets["tried"]] == [k * (1500 + 3 * 150) for k in sweep.BUDGET_PROMPTS]
+    assert snippet_of(out)["scheduler"]["prefill_token_budget"] == budgets["chosen"]
+    assert "scheduler.prefill_token_budget for the winner" in out and "<- chosen" in out
+    code, out = run_plan(capsys, *argv, "--prefill-token-budget", "4096")
+    assert code == 0, out
+    assert snippet_of(out)["scheduler"]["prefill_token_budget"] == 4096 and "<- chosen" not in out
+
+
+def test_the_budget_chosen_serves_most_then_waits_least_then_is_smallest(monkeypatch: pytest.MonkeyPatch):
+    def point(rate: float, ttft_p90: float) -> sweep.Sweep:
+        summary = SimpleNamespace(ttft_ms=SimpleNamespace(p90=ttft_p90), itl_ms=SimpleNamespace(p50=40.0))
+        return sweep.Sweep([sweep.LoadPoint(rate, 1, summary, None)])  # type: ignore[arg-type]
+
+    outcomes = {1: point(1.0, 500), 2: point(1.2, 600), 4: point(1.2, 550), 8: sweep.Sweep()}
+    monkeypatch.setattr(sweep, "sweep", lambda *a, budget, **k: outcomes[budget // 100])
+    workload = Workload(100, 50)
+    chosen, trials = sweep.choose_budget(None, 1, workload, sweep.SLO(1000, 50))  # type: ignore[arg-type]
+    assert chosen is not None and chosen.prompts == 4 and [t.budget for t in trials] == [100, 200, 400, 800]
+    assert "misses the SLO at every load" in sweep.format_budgets(chosen, trials)
+    outcomes[4] = point(1.2, 600)  # a tie on rate and TTFT: the smaller budget
+    assert sweep.choose_budget(None, 1, workload, sweep.SLO(1000, 50))[0].prompts == 2  # type: ignore[arg-type,union-attr]
+    outcomes.update({k: sweep.Sweep() for k in outcomes})
+    assert sweep.choose_budget(None, 1, workload, sweep.SLO(1000, 50))[0] is None  # type: ignore[arg-type]
