@@ -75,12 +75,12 @@ class SchedulerConfig(_Section):
     )
     overlap: bool = Field(default=True, description="run the next step while this step's tokens travel to the frontend")
     admission_wait: float = Field(
-        default=0.1,
+        default=0.3,
         ge=0.0,
         le=1.0,
-        description="with overlap and a free slot, the longest the engine holds its next step for the frontend's "
-        "next call (which brings what arrived during the last step), as a fraction of the last step's time; it "
-        "holds only while the calls usually come within that (0: never holds)",
+        description="with overlap, a free slot and a slot freed in the last steps, the longest the engine holds its "
+        "next step for the frontend's next call (which brings what arrived during the last step), as a fraction of "
+        "the last step's time; it holds only while the calls usually come within that (0: never holds)",
     )
     replicas: int = Field(
         default=1,

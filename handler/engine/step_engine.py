@@ -17,8 +17,10 @@ caller (the frontend's next call) has handed over what arrived during the last o
 newcomer would wait a whole step more for its prefill. When a slot is free for it, the engine
 holds the next step until the caller says it has admitted what it had (`admissions_done`), for
 at most `admission_wait` of the last step's time, and only while the caller's calls usually
-come within that: the hold costs a round trip per step where it happens, so short steps
-(where a round trip is a large share of the step) keep the overlap.
+come within that. A hold costs a round trip on every running stream's step, so it is spent
+where a newcomer is likely: in the few steps after a slot was freed (a client that got its
+answer sends its next request: chat turns, agents, closed-loop benchmarks); a lone stream,
+whose next step nobody else waits for, is never held.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 # How fast the caller's smoothed gap follows a new one (an exponential moving average).
 GAP_SMOOTHING = 0.2
+# Steps after a slot was freed during which the next step may be held for a newcomer.
+HOLD_STEPS_AFTER_RELEASE = 3
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class StepEngine:
         self._step_ended_at: float | None = None
         self._admitted_since_step = True  # the caller's admissions since the last step ended
         self._caller_gap_s: float | None = None  # a step's end to the caller's admissions, smoothed
+        self._steps_since_release = HOLD_STEPS_AFTER_RELEASE + 1  # steps ended since a slot was freed
         self.holds = 0  # steps held for the caller, and how many of those it reached in time
         self.holds_met = 0
         # Called (from the stepping thread) after a step that left the engine idle, e.g. one that
@@ -189,6 +194,8 @@ class StepEngine:
         limit = self.admission_wait * self._last_step_s
         if limit <= 0 or self._admitted_since_step or not self.scheduler.unclaimed_slots:
             return False
+        if self._steps_since_release > HOLD_STEPS_AFTER_RELEASE or self.scheduler.occupied < 2:
+            return False  # no newcomer likely, or no other stream to delay: the caller's call joins the step
         return self._caller_gap_s is None or self._caller_gap_s <= limit
 
     def _hold_for_admissions(self) -> None:
@@ -350,6 +357,7 @@ class StepEngine:
             self._release(slot)
 
     def _release(self, slot: int) -> None:
+        self._steps_since_release = 0
         try:
             self.backend.release(slot)
         except Exception:
@@ -364,6 +372,7 @@ class StepEngine:
                     self._last_step_s = now - self._step_started
                 self._step_ended_at = now
                 self._admitted_since_step = False
+                self._steps_since_release += 1
                 self._records.append(
                     StepRecord(
                         prefill_s,

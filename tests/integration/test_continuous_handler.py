@@ -214,10 +214,11 @@ def test_a_hung_step_fails_the_requests_in_flight_instead_of_hanging(tiny_model_
 @pytest.mark.parametrize(("admission_wait", "steps_later"), [(0.5, 1), (0.0, 2)], ids=["held", "not-held"])
 def test_a_request_arriving_mid_step_is_prefilled_in_the_next_step(tiny_model_dir, admission_wait, steps_later):
     """The frontend hands over an arrival only in its call after the running step; an overlapped
-    engine has started the next step by then. Holding that step for the call (a slot is free)
-    prefills the newcomer one step sooner; without the hold it waits a step more (the control)."""
+    engine has started the next step by then. Holding that step for the call (a slot was just
+    freed, two streams run) prefills the newcomer one step sooner; without the hold it waits a
+    step more (the control)."""
     yaml = model_yaml(tiny_model_dir)
-    yaml["scheduler"]["admission_wait"] = admission_wait
+    yaml["scheduler"] |= {"admission_wait": admission_wait, "n_slots": 3}
     handler = Inf2StreamingHandler()
     context = make_context(yaml, str(tiny_model_dir))
     handler.initialize(context)
@@ -235,7 +236,7 @@ def test_a_request_arriving_mid_step_is_prefilled_in_the_next_step(tiny_model_di
         return prefill(requests)
 
     backend.decode, backend.prefill = slow_decode, recording_prefill
-    frontend = ContinuousFrontend(handler, context, batch_size=2 * N_SLOTS)
+    frontend = ContinuousFrontend(handler, context, batch_size=6)
     stop = threading.Event()
 
     def frontend_loop():
@@ -245,12 +246,14 @@ def test_a_request_arriving_mid_step_is_prefilled_in_the_next_step(tiny_model_di
     loop = threading.Thread(target=frontend_loop, daemon=True)
     loop.start()
     try:
-        frontend.submit({"prompt": "an earlier request", "max_new_tokens": 8, "ignore_eos": True})
-        _until(lambda: engine.steps >= 2 and 0.05 < engine.step_running_for() < 0.15)
+        for prompt, tokens in (("an earlier request", 8), ("another one", 8), ("a brief one", 2)):
+            frontend.submit({"prompt": prompt, "max_new_tokens": tokens, "ignore_eos": True})
+        _until(lambda: len(prefilled_after) == 3)  # one step: all three prefilled; the brief one ends in it
+        _until(lambda: engine.steps >= 1 and 0.05 < engine.step_running_for() < 0.15)
         arrived_during = engine.steps + 1  # the step running now
         frontend.submit({"prompt": "a newcomer", "max_new_tokens": 2, "ignore_eos": True})
-        _until(lambda: len(prefilled_after) == 2)
-        assert prefilled_after[1] + 1 == arrived_during + steps_later
+        _until(lambda: len(prefilled_after) == 4)
+        assert prefilled_after[3] + 1 == arrived_during + steps_later
         _until(lambda: not frontend.busy)
     finally:
         stop.set()

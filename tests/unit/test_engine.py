@@ -769,30 +769,47 @@ def test_more_sequences_than_slots_is_refused(tiny_tokenizer):
 
 # -- holding a step for the caller's admissions -------------------------------------------
 def test_the_next_step_is_held_for_the_caller_only_where_it_is_worth_it(tiny_tokenizer):
-    """A step is held only with a slot free for a newcomer, until the caller's admissions, and not
+    """A step is held for the caller's admissions only with a slot free for a newcomer, in the few
+    steps after a slot was freed, with other streams to share it, until the caller comes, and not
     once the caller is seen to come later than the hold would last (a share of the last step)."""
-    backend = ScriptedBackend(tiny_tokenizer, n_slots=2)
+    backend = ScriptedBackend(tiny_tokenizer, n_slots=4)
     backend.decode_cost = 1.0
     engine = StepEngine(backend, 10_000, clock=lambda: backend.now, admission_wait=0.1)
-    engine.submit(make_seq(tiny_tokenizer, "long one", max_new_tokens=50, ignore_eos=True))
+    for prompt in ("long one", "long two"):
+        engine.submit(make_seq(tiny_tokenizer, prompt, max_new_tokens=50, ignore_eos=True))
+    engine.submit(make_seq(tiny_tokenizer, "short", max_new_tokens=2, ignore_eos=True))
     assert not engine.holds_next_step()  # no step yet: nothing to size a hold by
-    engine.step()
-    assert engine.holds_next_step()  # a slot is free and the caller has not come since
+    engine.step()  # "short" ends: its slot is free
+    assert engine.occupied == 2 and engine.holds_next_step()
     backend.now += 0.05
     engine.admissions_done()  # 50 ms after the step: within 10 % of a 1 s step
     assert not engine.holds_next_step()  # it came
     engine.step()
-    assert engine.holds_next_step()
-    engine.submit(make_seq(tiny_tokenizer, "fills the batch", max_new_tokens=50, ignore_eos=True))
-    assert not engine.holds_next_step()  # the waiting one takes the free slot: no room for a newcomer
-    engine.abort("fills the batch")
     engine.step()
+    assert engine.holds_next_step()  # the third step after the slot was freed
+    engine.submit(make_seq(tiny_tokenizer, "waiting a", max_new_tokens=50, ignore_eos=True))
+    engine.submit(make_seq(tiny_tokenizer, "waiting b", max_new_tokens=50, ignore_eos=True))
+    assert not engine.holds_next_step()  # the waiting ones take the free slots: no room for a newcomer
+    engine.abort("waiting a")
+    engine.abort("waiting b")
+    engine.step()
+    assert not engine.holds_next_step()  # four steps since: no newcomer is likely now
+    engine.abort("long two")
+    engine.step()  # the abort frees a slot
     backend.now += 0.9
     engine.admissions_done()  # far later than the hold would last: the average gap is now above it
+    engine.submit(make_seq(tiny_tokenizer, "long three", max_new_tokens=50, ignore_eos=True))
     engine.step()
-    assert not engine.holds_next_step()
+    assert engine.occupied == 2 and not engine.holds_next_step()
     assert not backend.violations
-    never = StepEngine(ScriptedBackend(tiny_tokenizer, n_slots=2), 10_000, admission_wait=0.0)
-    never.submit(make_seq(tiny_tokenizer, "alone", max_new_tokens=50, ignore_eos=True))
+    lone = StepEngine(ScriptedBackend(tiny_tokenizer, n_slots=2), 10_000, admission_wait=0.5)
+    lone.submit(make_seq(tiny_tokenizer, "alone", max_new_tokens=50, ignore_eos=True))
+    lone.submit(make_seq(tiny_tokenizer, "brief", max_new_tokens=2, ignore_eos=True))
+    lone.step()
+    assert lone.occupied == 1 and not lone.holds_next_step()  # nobody else would wait for the call
+    never = StepEngine(ScriptedBackend(tiny_tokenizer, n_slots=3), 10_000, admission_wait=0.0)
+    for prompt in ("one", "two"):
+        never.submit(make_seq(tiny_tokenizer, prompt, max_new_tokens=50, ignore_eos=True))
+    never.submit(make_seq(tiny_tokenizer, "brief", max_new_tokens=2, ignore_eos=True))
     never.step()
     assert not never.holds_next_step()
