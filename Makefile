@@ -100,7 +100,7 @@ serve: archive plugins
 	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 INF2_STATE_DIR=$(STATE_DIR) $(TS_ENV) $(BIN)/torchserve --start --ncs \
 		--ts-config $(TS_CONFIG) --log-config serving/log4j2.xml --model-store $(MODEL_STORE) --models $(MODEL_NAME)=$(MODEL_NAME) \
 		> logs/torchserve.out 2>&1
-	@$(PY) -m scripts.serve.client $(CLIENT_ARGS) wait --timeout 600 \
+	@$(PY) -m scripts.serve.client $(CLIENT_ARGS) wait --timeout 600 --config $(MODEL_CONFIG) \
 		--log logs/ts_log.log --pid-file $(BUILD)/.model_server.pid \
 		|| (tail -n 20 logs/ts_log.log; echo; $(PY) -m scripts.serve.client worker-error --model-log logs/model_log.log; \
 			$(MAKE) --no-print-directory stop; exit 1)
