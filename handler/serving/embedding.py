@@ -10,6 +10,10 @@ encode:   every good request's inputs together, sorted by length and run in grou
 finish:   each request's body in its route's format, or its 4xx; the model listing answered as is
 
 Nothing escapes `handle()`: an exception there would answer 503 to the whole batch.
+
+Draining (handler/serving/drain.py, `make stop`): new requests get a 503 in their route's format;
+a batch is short, so the one in flight simply finishes, and the worker marks itself drained once
+idle for maxBatchDelay (the frontend may still hand it what queued meanwhile).
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from handler.backends.encoder import HFEncoder
 from handler.backends.loader import load_encoder
 from handler.config import ServingConfig
 from handler.errors import EngineError, InvalidRequest, ServingError
+from handler.serving import drain
 from handler.serving.grpc_jobs import end_grpc_reply, is_grpc
 from handler.serving.intake_checks import check_body_form, fewest_tokens, longest_token_chars
 from handler.serving.replies import error_reply
 from handler.serving.service import body_of
+from handler.serving.static import batch_delay_s
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +61,13 @@ class EmbeddingWork:
 
 
 class EmbeddingServing:
-    def __init__(self, config: ServingConfig, encoder: HFEncoder) -> None:
+    def __init__(self, config: ServingConfig, encoder: HFEncoder, batch_delay_s: float = 0.1) -> None:
         self.config = config
         self.encoder = encoder
         self._longest_token_chars = longest_token_chars(encoder.tokenizer)
+        self._calls = 0  # handle() calls running
+        self.drain = drain.DrainWatcher.from_env(lambda: self._calls > 0, settle_s=batch_delay_s + 0.2)
+        self.drain.start()
 
     @classmethod
     def start(cls, config: ServingConfig, context: Any) -> EmbeddingServing:
@@ -76,9 +85,10 @@ class EmbeddingServing:
             encoder.dimension,
             encoder.max_length,
         )
-        return cls(config, encoder)
+        return cls(config, encoder, batch_delay_s(context))
 
     def handle(self, data: list[Any], context: Any) -> list[str]:
+        self._calls += 1
         try:
             works = [self._prepare(index, row, context) for index, row in enumerate(data)]
             self._encode([w for w in works if w.error is None and w.reply is None])
@@ -87,6 +97,8 @@ class EmbeddingServing:
             logger.exception("an embedding batch failed")
             error = EngineError("embedding failed")
             return [error_reply(context, i, FeatureExtractionApi(), error) for i in range(len(data))]
+        finally:
+            self._calls -= 1
 
     # -- prepare ------------------------------------------------------------------------
 
@@ -99,6 +111,8 @@ class EmbeddingServing:
             depth = self.config.handler.max_json_depth
             body = None if route_path(url_path) else decode_body(body_of(row), depth)
             work.api = select_embedding_api(url_path, context.model_name, self.encoder.dimension, body)
+            if self.drain.draining:
+                raise drain.refused()
             if isinstance(work.api, ModelsApi):
                 work.reply = work.api.immediate()
                 return work
@@ -183,4 +197,5 @@ class EmbeddingServing:
         return work.api.reply(work.request, work.vectors, tokens)
 
     def shutdown(self) -> None:
+        self.drain.stop()
         self.encoder.close()

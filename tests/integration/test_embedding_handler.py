@@ -191,3 +191,26 @@ def test_a_failing_encoder_fails_its_requests_not_the_worker(served, call, monke
     monkeypatch.undo()
     (again,) = call(("v1/embeddings", {"input": "a"}))
     assert again.status == 200
+
+
+def test_a_draining_worker_refuses_new_requests_and_marks_itself_drained(tiny_encoder_dir, tmp_path, monkeypatch):
+    from handler.serving.state import ENV_VAR, drained_marker, write_drain
+
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    handler = Inf2StreamingHandler()
+    context = make_context(embed_config(tiny_encoder_dir), str(tiny_encoder_dir))
+    handler.initialize(context)
+    watcher = handler.serving.drain
+    watcher.stop()  # polled by hand below
+    try:
+        (before,) = run_batch(handler, context, [{"input": "a"}])
+        assert before.status == 200
+        write_drain(tmp_path, grace_s=600)
+        for _ in range(10):
+            watcher.poll()
+        openai_late, native_late = run_batch(handler, context, [{"input": "a"}, {"inputs": "b"}])
+        for reply in (openai_late, native_late):
+            assert reply.status == 503 and "draining" in json.loads(reply.final)["error"]["message"]
+        assert drained_marker(tmp_path).exists()
+    finally:
+        handler.shutdown()
