@@ -163,6 +163,7 @@ class EmbeddingServing:
     def _encode(self, works: list[EmbeddingWork]) -> None:
         """Every input of `works` through the encoder, shortest first in groups (less padding);
         each request gets its rows back in its own order. A failed group fails only its requests."""
+        started = time.perf_counter()
         rows = [(w, i, ids) for w in works for i, ids in enumerate(w.token_ids)]
         rows.sort(key=lambda row: len(row[2]))
         for work in works:
@@ -179,6 +180,14 @@ class EmbeddingServing:
                 continue
             for (work, i, _), vector in zip(group, vectors, strict=True):
                 work.vectors[i] = vector
+        if rows:
+            logger.info(
+                "embedding batch: %d request(s), %d input(s), %d tokens, encoded in %.1f ms",
+                len(works),
+                len(rows),
+                sum(len(ids) for _, _, ids in rows),
+                (time.perf_counter() - started) * 1000,
+            )
 
     # -- finish -------------------------------------------------------------------------
 
