@@ -214,3 +214,19 @@ def test_a_draining_worker_refuses_new_requests_and_marks_itself_drained(tiny_en
         assert drained_marker(tmp_path).exists()
     finally:
         handler.shutdown()
+
+
+def test_an_encoder_that_fails_to_load_answers_503_naming_the_cause(tmp_path):
+    from tests.support.torchserve_harness import load_failure
+
+    (tmp_path / "modules.json").write_text('[{"idx": 0, "type": "sentence_transformers.models.Dense"}]')
+    handler = Inf2StreamingHandler()
+    context = make_context(embed_config(tmp_path), str(tmp_path))
+    cause = load_failure(handler, context)
+    try:
+        assert "Dense" in cause
+        (reply,) = run_batch(handler, context, [{"input": "a"}], [{"url_path": "v1/embeddings"}])
+        error = json.loads(reply.final)["error"]
+        assert reply.status == 503 and error["type"] == "model_load_failed" and "Dense" in error["message"]
+    finally:
+        handler.shutdown()
