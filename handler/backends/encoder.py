@@ -71,10 +71,13 @@ class HFEncoder:
         )
 
     def tokenize(self, text: str) -> list[int]:
-        """The input's token ids as the model reads them (special tokens added), never truncated."""
+        """The input's token ids as the model reads them (special tokens added), never truncated: a
+        call without truncation or padding arguments truncates nothing, and changes none of the
+        shared tokenizer's settings (a tokenizer.json with built-in truncation has it cleared by the
+        first call, the warm-up's, before any request)."""
         if self.sentence.do_lower_case:
             text = text.lower()
-        return list(self.tokenizer(text, add_special_tokens=True, truncation=False, verbose=False)["input_ids"])
+        return list(self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"])
 
     def encode(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """[len(rows), dimension] float32 sentence embeddings of token-id rows (each 1..max_length

@@ -64,3 +64,28 @@ def test_lengths_are_bounded_by_the_checkpoint(tiny_encoder_dir):
         with pytest.raises(ValueError, match=r"1\.\.64 token ids"):
             encoder.encode(rows)
     assert encoder.encode([]).shape == (0, encoder.dimension)
+
+
+def test_a_tokenizer_json_with_built_in_truncation_and_padding_cuts_nothing(tiny_encoder_dir, tmp_path):
+    """As all-MiniLM-L6-v2's shipped tokenizer.json (truncation and fixed padding to 128)."""
+    import json
+    import shutil
+
+    checkpoint = tmp_path / "encoder"
+    shutil.copytree(tiny_encoder_dir, checkpoint)
+    path = checkpoint / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    data["padding"] = {
+        "strategy": {"Fixed": 8},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 0,
+        "pad_type_id": 0,
+        "pad_token": "[PAD]",
+    }
+    path.write_text(json.dumps(data))
+    encoder, plain = encoder_for(checkpoint), encoder_for(tiny_encoder_dir)
+    encoder.warmup()
+    assert encoder.tokenize(TEXTS[1]) == plain.tokenize(TEXTS[1]) and len(plain.tokenize(TEXTS[1])) > 8
+    assert encoder.tokenize("sun") == plain.tokenize("sun")  # not padded to 8 either
