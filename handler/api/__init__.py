@@ -15,6 +15,11 @@ completions. Native bodies (`prompt` without `model`, `inputs`, plain text) stay
 except that with `handler.no_route_api: tgi` an `inputs` body is answered in TGI's format
 (non-streamed as a one-element list, like TGI's `POST /` and SageMaker's HF LLM containers).
 
+An archive with `handler.task: embed` answers with `select_embedding_api` instead:
+'v1/embeddings' (OpenAI), 'v1/models', and without a route an `input` body as OpenAI, an `inputs`
+body (or plain text) as feature extraction (handler/api/embeddings.py). Each archive refuses the
+other's routes and bodies with a 400 that says which archive serves what.
+
 Every Api keeps per-request wire state (id, first chunk sent, logprob tokens and text sent),
 so each request gets a fresh instance.
 """
@@ -24,17 +29,25 @@ from __future__ import annotations
 from typing import Any
 
 from handler.api.base import Api
+from handler.api.embedding_schemas import GENERATION_FIELDS, SERVES_EMBEDDINGS
+from handler.api.embeddings import EmbeddingApi, FeatureExtractionApi, OpenAIEmbeddingsApi
 from handler.api.native import NativeApi
 from handler.api.openai import ChatCompletionsApi, CompletionsApi, ModelsApi
 from handler.api.tgi import TgiApi
 from handler.api.tool_parsers import DEFAULT_TOOL_PARSER
-from handler.errors import NotFound
+from handler.errors import InvalidRequest, NotFound
 
 _COMPLETIONS = "v1/completions"
 _CHAT = "v1/chat/completions"
 _MODELS = "v1/models"
 _TGI_GENERATE = "generate"
 _TGI_GENERATE_STREAM = "generate_stream"
+_EMBEDDINGS = "v1/embeddings"
+_GENERATION_ROUTES = (_COMPLETIONS, _CHAT, _TGI_GENERATE, _TGI_GENERATE_STREAM)
+SERVES_GENERATION = (
+    "this archive serves text generation (handler.task: generate); embeddings are served by an archive with "
+    "handler.task: embed (configs/model-config-embed.yaml, docs/embeddings.md)"
+)
 
 
 def route_path(url_path: str | None) -> str:
@@ -67,10 +80,41 @@ def select_api(
         return ModelsApi(model_name)
     if path.startswith(_MODELS + "/"):
         return ModelsApi(model_name, path[len(_MODELS) + 1 :])
+    if path == _EMBEDDINGS:
+        raise InvalidRequest(f"{path}: {SERVES_GENERATION}", "url_path")
     raise NotFound(f"unknown route '{path}'", "url_path")
 
 
+def select_embedding_api(
+    url_path: str | None, model_name: str, dimension: int, body: dict[str, Any] | str | None = None
+) -> EmbeddingApi | ModelsApi:
+    """The route of a request to an embedding archive; `dimension` is the model's (for `dimensions`)."""
+    path = route_path(url_path)
+    if path == _EMBEDDINGS:
+        return OpenAIEmbeddingsApi(model_name, dimension)
+    if path == _MODELS:
+        return ModelsApi(model_name)
+    if path.startswith(_MODELS + "/"):
+        return ModelsApi(model_name, path[len(_MODELS) + 1 :])
+    if path in _GENERATION_ROUTES:
+        raise InvalidRequest(f"{path}: {SERVES_EMBEDDINGS}", "url_path")
+    if path:
+        raise NotFound(f"unknown route '{path}'", "url_path")
+    if isinstance(body, dict) and "input" in body:
+        return OpenAIEmbeddingsApi(model_name, dimension)
+    if isinstance(body, str) or (isinstance(body, dict) and "inputs" in body):
+        return FeatureExtractionApi()
+    generation = sorted(GENERATION_FIELDS & set(body or {}))
+    if generation:
+        raise InvalidRequest(f"'{generation[0]}' is a text-generation field: {SERVES_EMBEDDINGS}", generation[0])
+    raise InvalidRequest(
+        "the body needs 'input' (OpenAI embeddings) or 'inputs' (feature extraction): the texts to embed", "input"
+    )
+
+
 def _api_for_body(body: dict[str, Any] | str | None, model_name: str, no_route_api: str, tool_parser: str) -> Api:
+    if isinstance(body, dict) and "input" in body and not {"prompt", "messages", "inputs"} & set(body):
+        raise InvalidRequest(f"a body with 'input' asks for embeddings: {SERVES_GENERATION}", "input")
     if isinstance(body, dict) and "messages" in body:
         return ChatCompletionsApi(model_name, tool_parser)
     if isinstance(body, dict) and "model" in body and "prompt" in body:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from handler.backends.base import Backend
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron.auto import choose_backend
+
+if TYPE_CHECKING:
+    from handler.backends.encoder import HFEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +39,15 @@ def load_backend(
     return backend
 
 
+def load_encoder(config: ServingConfig, model_dir: str | Path | None) -> HFEncoder:
+    """The encoder of an embedding archive (`handler.task: embed`): hf only (config.py refuses others)."""
+    from handler.backends.encoder import HFEncoder
+
+    checkpoint = _checkpoint(config, model_dir)
+    logger.info("loading the encoder (backend %s) from %s", config.handler.backend, checkpoint)
+    return HFEncoder(config.handler, checkpoint)
+
+
 def resolve_auto(config: ServingConfig, dev_dir: Path = Path("/dev")) -> ServingConfig:
     """The same config with `backend: auto` replaced by the backend chosen here (logged)."""
     if config.handler.backend != "auto":
@@ -54,12 +67,7 @@ def _load(
 ) -> Backend:
     config = resolve_auto(config)
     handler = config.handler
-    checkpoint = handler.checkpoint_path(model_dir or ".")
-    if not checkpoint.is_dir():
-        raise ConfigError(
-            f"model-config.yaml: handler.model_checkpoint_dir: {checkpoint} is not a directory; point it at a local "
-            "Hugging Face checkpoint (absolute, or relative to the model archive)"
-        )
+    checkpoint = _checkpoint(config, model_dir)
     logger.info("loading backend %s from %s", handler.backend, checkpoint)
     if handler.backend == "hf":
         from handler.backends.hf import HFBackend
@@ -78,3 +86,13 @@ def _load(
 
         return NxdiBackend(config, checkpoint, gpu_id, workers, cores)
     raise ConfigError(f"model-config.yaml: handler.backend: unknown backend {handler.backend!r}")
+
+
+def _checkpoint(config: ServingConfig, model_dir: str | Path | None) -> Path:
+    checkpoint = config.handler.checkpoint_path(model_dir or ".")
+    if not checkpoint.is_dir():
+        raise ConfigError(
+            f"model-config.yaml: handler.model_checkpoint_dir: {checkpoint} is not a directory; point it at a local "
+            "Hugging Face checkpoint (absolute, or relative to the model archive)"
+        )
+    return checkpoint

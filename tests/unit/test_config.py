@@ -30,8 +30,14 @@ def test_shipped_model_config_parses():
     assert config.micro_batching.micro_batch_size <= config.scheduler.n_slots  # ready for mode: static
 
 
+def shipped_generation_configs() -> list[Path]:
+    """The shipped LLM configs (an embedding archive's, handler.task embed, has tests/unit/test_embed_config.py)."""
+    paths = [REPO / "model-config.yaml", *sorted((REPO / "configs").glob("*.yaml"))]
+    return [p for p in paths if (yaml.safe_load(p.read_text())["handler"].get("task") or "generate") == "generate"]
+
+
 def test_every_shipped_config_serves_continuously():
-    for path in [REPO / "model-config.yaml", *sorted((REPO / "configs").glob("*.yaml"))]:
+    for path in shipped_generation_configs():
         config = ServingConfig.from_model_yaml(yaml.safe_load(path.read_text()))
         assert config.scheduler.mode == "continuous", path
 
@@ -106,7 +112,7 @@ def test_no_max_batch_delay_in_continuous_mode_is_a_warning(caplog):
 
 
 def test_every_shipped_config_bounds_its_frontend_queue_from_its_slots():
-    for path in [REPO / "model-config.yaml", *sorted((REPO / "configs").glob("*.yaml"))]:
+    for path in shipped_generation_configs():
         config = ServingConfig.from_model_yaml(yaml.safe_load(path.read_text()))
         n_slots = config.scheduler.total_slots
         assert config.job_queue_size is not None, f"{path.name}: set jobQueueSize (TorchServe's default is 100)"

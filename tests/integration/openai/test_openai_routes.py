@@ -190,6 +190,19 @@ def test_models_are_listed_without_generating(call):
 
 
 def test_unknown_route_is_404(call):
-    (reply,) = call(("v1/embeddings", {"input": "x"}))
+    (reply,) = call(("v1/audio/speech", {"input": "x"}))
     assert reply.status == 404
     assert json.loads(reply.final)["error"]["param"] == "url_path"
+
+
+def test_embeddings_on_the_llm_archive_are_a_400_that_names_the_embedding_archive(call):
+    route, body_shape, good = call(
+        ("v1/embeddings", {"input": "x", "model": "m"}),
+        ("", {"input": ["x", "y"], "model": "m"}),
+        ("v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2}),
+    )
+    for reply, param in ((route, "url_path"), (body_shape, "input")):
+        error = json.loads(reply.final)["error"]
+        assert reply.status == 400 and error["param"] == param
+        assert "serves text generation" in error["message"] and "handler.task: embed" in error["message"]
+    assert good.status == 200  # a batch-mate of both

@@ -1,0 +1,169 @@
+"""An embedding archive (configs/model-config-embed.yaml, `handler.task: embed`) with the real
+all-MiniLM-L6-v2 (`make model`) in a real torchserve, one server for the module: the unmodified
+`openai` client's `embeddings.create` (float, base64 and its default, which asks for base64 and
+decodes it), parity with the same checkpoint in-process, SageMaker's /invocations, the errors."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+import yaml
+
+from scripts.serve.torchserve_compat import has_secure_defaults
+from tests.support.torchserve_process import TorchServe, start_torchserve
+
+REPO = Path(__file__).resolve().parents[2]
+MINILM_DIR = REPO / "models" / "all-minilm-l6-v2"
+MODEL = "minilm"
+DIMENSION = 384
+TEXTS = [
+    "The weather is lovely today.",
+    "It's so sunny outside!",
+    "He drove to the stadium.",
+    "Embeddings turn text into vectors that a search index can compare.",
+]
+
+
+@pytest.fixture(scope="module")
+def minilm_dir() -> Path:
+    """`make test` runs `make model` first; missing is a failure that says how to get it, never a skip."""
+    if not (MINILM_DIR / "model.safetensors").is_file():
+        pytest.fail(f"{MINILM_DIR} is missing: run `make model` (make test does)")
+    return MINILM_DIR
+
+
+@pytest.fixture(scope="module")
+def server(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
+    config = yaml.safe_load((REPO / "configs" / "model-config-embed.yaml").read_text())
+    config["handler"]["embed"]["max_inputs"] = 8
+    config["maxBatchDelay"] = 50
+    ts = start_torchserve(tmp_path_factory.mktemp("torchserve-embed"), minilm_dir, config, model_name=MODEL)
+    try:
+        yield ts
+    finally:
+        ts.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: TorchServe) -> openai.OpenAI:
+    key = server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")
+    return openai.OpenAI(base_url=f"{server.predictions_url}/1.0/v1", api_key=key, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_dir: Path) -> Any:
+    """sentence-transformers' recipe for this checkpoint, by hand: each text alone through transformers'
+    AutoModel, mean pooling over its tokens, L2 normalisation."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir, local_files_only=True)
+    model = AutoModel.from_pretrained(minilm_dir, local_files_only=True).eval()
+
+    def embed(text: str) -> tuple[np.ndarray, int]:
+        encoded = tokenizer(text, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = model(**encoded).last_hidden_state
+        return torch.nn.functional.normalize(hidden.mean(dim=1), dim=1)[0].numpy(), encoded["input_ids"].shape[1]
+
+    return embed
+
+
+def cosine(a: Any, b: Any) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_openai_client_float_vectors_match_the_checkpoint_in_process(client: openai.OpenAI, reference):
+    response = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    assert response.model == MODEL and [d.index for d in response.data] == list(range(len(TEXTS)))
+    expected_tokens = 0
+    for text, item in zip(TEXTS, response.data, strict=True):
+        vector, tokens = reference(text)
+        expected_tokens += tokens
+        assert len(item.embedding) == DIMENSION
+        assert cosine(item.embedding, vector) >= 0.9999
+    assert response.usage.prompt_tokens == response.usage.total_tokens == expected_tokens
+    # the model's meaning survives serving: the two weather sentences are nearer than weather and stadium
+    vectors = [d.embedding for d in response.data]
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2])
+
+
+def test_openai_client_base64_decodes_to_the_float_vectors(client: openai.OpenAI):
+    floats = client.embeddings.create(model=MODEL, input=TEXTS[:2], encoding_format="float")
+    raw = client.embeddings.create(model=MODEL, input=TEXTS[:2], encoding_format="base64")
+    default = client.embeddings.create(model=MODEL, input=TEXTS[:2])  # the client asks for base64 and decodes it
+    for f, r, d in zip(floats.data, raw.data, default.data, strict=True):
+        assert isinstance(r.embedding, str)
+        decoded = np.frombuffer(base64.b64decode(r.embedding), dtype="<f4")
+        assert np.array_equal(decoded, np.asarray(f.embedding, dtype=np.float32))
+        assert np.array_equal(np.asarray(d.embedding, dtype=np.float32), decoded)
+
+
+def test_concurrent_requests_with_a_bad_one_each_get_their_own_answer(client: openai.OpenAI, reference):
+    def one(i: int) -> Any:
+        try:
+            if i == 2:
+                return client.embeddings.create(model=MODEL, input=["fine", ""])
+            return client.embeddings.create(model=MODEL, input=TEXTS[i], encoding_format="float")
+        except openai.APIStatusError as exc:
+            return exc
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(4)))
+    bad = results[2]
+    assert isinstance(bad, openai.BadRequestError) and bad.body["param"] == "input[1]"
+    for i in (0, 1, 3):
+        assert cosine(results[i].data[0].embedding, reference(TEXTS[i])[0]) >= 0.9999
+
+
+def test_token_id_input_and_the_refusals(client: openai.OpenAI, reference):
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(MINILM_DIR, local_files_only=True)(TEXTS[0])["input_ids"]
+    by_ids = client.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
+    assert cosine(by_ids.data[0].embedding, reference(TEXTS[0])[0]) >= 0.9999
+    errors = {}
+    for kwargs, param in (
+        ({"input": "x", "extra_body": {"max_tokens": 8}}, "max_tokens"),
+        ({"input": "x", "dimensions": 128}, "dimensions"),
+        ({"input": ["x"] * 9}, "input"),
+        ({"input": "word " * 300}, "input"),
+    ):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.embeddings.create(model=MODEL, **kwargs)
+        assert caught.value.body["param"] == param, caught.value.body
+        errors[param] = caught.value.body["message"]
+    assert "handler.task: generate" in errors["max_tokens"]
+    assert "at most 256 tokens" in errors["input"]
+    with pytest.raises(openai.BadRequestError) as chat:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert "handler.task: generate" in chat.value.body["message"]
+
+
+def test_sagemaker_invocations_and_the_native_route(server: TorchServe, reference):
+    invocations = httpx.post(
+        f"{server.url}/invocations", json={"inputs": TEXTS[:2]}, headers=server.headers, timeout=60
+    )
+    assert invocations.status_code == 200, invocations.text
+    vectors = invocations.json()
+    assert len(vectors) == 2 and all(len(v) == DIMENSION for v in vectors)
+    assert cosine(vectors[1], reference(TEXTS[1])[0]) >= 0.9999
+    native = httpx.post(server.predictions_url, json={"input": TEXTS[3]}, headers=server.headers, timeout=60)
+    assert native.status_code == 200 and native.json()["object"] == "list"
+    assert cosine(native.json()["data"][0]["embedding"], reference(TEXTS[3])[0]) >= 0.9999
+
+
+@pytest.mark.skipif(
+    not has_secure_defaults(), reason="TorchServe 0.11 passes no url_path, and a GET has no body to recognise"
+)
+def test_openai_client_lists_the_model(client: openai.OpenAI):
+    assert [m.id for m in client.models.list()] == [MODEL]
