@@ -134,7 +134,7 @@ test: venv model
 test-fast: venv
 	$(PY) -m pytest $(XDIST) tests/unit tests/integration $(PYTEST_ARGS)
 
-test-perf: venv
+test-perf: venv model
 	$(PY) -m pytest tests/perf $(PYTEST_ARGS)
 
 # vermin: nothing newer than Python 3.10 (the Neuron DLAMI venvs and DLCs run 3.10)

@@ -32,6 +32,8 @@ eval-compare: venv
 	$(call _require,EVAL_B,build/eval/neuronx)
 	$(PY) -m scripts.eval.compare $(EVAL_A) $(EVAL_B)
 
-# tests/e2e/test_lm_eval.py runs lm-eval against a real torchserve: install it before pytest.
+# tests/e2e/test_lm_eval.py and tests/perf/test_real_model_eval.py run lm-eval against a real
+# torchserve: install it before pytest.
 test: lm-eval
 test-compat: lm-eval
+test-perf: lm-eval

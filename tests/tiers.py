@@ -5,7 +5,8 @@
 - tests/e2e          everything that starts a server (a real torchserve)
 - tests/real_model   the real default model (SmolLM2-135M-Instruct, `make model`) served by a real
                      torchserve: answers that must make sense, not only be well-formed
-- tests/perf         soaks and benchmark runs: `make test-perf`, not `make test`
+- tests/perf         soaks, benchmark runs and lm-eval against the real model: `make test-perf`,
+                     not `make test`
 
 Every test file lives in one of them (a collection error says so otherwise), each test gets its
 tier's marker, and a test outside e2e/perf that launches torchserve fails, naming the folder it

@@ -92,8 +92,6 @@ class StepEngine:
         self._admitted_since_step = True  # the caller's admissions since the last step ended
         self._caller_gap_s: float | None = None  # a step's end to the caller's admissions, smoothed
         self._steps_since_release = HOLD_STEPS_AFTER_RELEASE + 1  # steps ended since a slot was freed
-        self.holds = 0  # steps held for the caller, and how many of those it reached in time
-        self.holds_met = 0
         # Called (from the stepping thread) after a step that left the engine idle, e.g. one that
         # ran a cancelled request to its end with no frontend call to follow: the gauges say 0 then.
         self.on_idle: Callable[[], None] | None = None
@@ -202,14 +200,12 @@ class StepEngine:
         """Under the lock: wait for the caller's admissions before the next step, if it is worth it."""
         if not self.holds_next_step():
             return
-        self.holds += 1
         deadline = self._clock() + self.admission_wait * self._last_step_s
         while not (self._admitted_since_step or self._stopping):
             left = deadline - self._clock()
             if left <= 0:
                 return
             self._changed.wait(left)
-        self.holds_met += 1
 
     # -- one step ------------------------------------------------------------------------
     def step(self) -> bool:

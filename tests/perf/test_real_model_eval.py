@@ -7,6 +7,9 @@ the shipped tasks, every sample: inf2_choice (20 questions x 4 endings: 80 logli
 requests) and inf2_generate (20 greedy answers of up to 16 tokens). The scores must agree within
 1e-3, every per-choice loglikelihood too, the greedy answers must be the same text, and the
 real model must pick the right ending more often than chance.
+
+In the perf tier (`make test-perf`), not the real-model tier: lm-eval's reference run alone takes
+over a minute on 2 cores, and `make test` must stay under ten.
 """
 
 from __future__ import annotations
