@@ -39,11 +39,26 @@ def inference_key(key_file: Path, management_url: str | None = DEFAULT_MANAGEMEN
     rewrites the key file. `management_url` None: read the file only."""
     if not key_file.exists():
         return None
-    keys = json.loads(key_file.read_text())
+    keys = _read_keys(key_file)
     if management_url is not None and _expires_within(keys["inference"].get("expiration time"), RENEW_BEFORE_S):
         renew_inference_key(management_url, keys["API"]["key"])
-        keys = json.loads(key_file.read_text())
+        keys = _read_keys(key_file)
     return keys["inference"]["key"]
+
+
+def _read_keys(key_file: Path, attempts: int = 40, pause_s: float = 0.05) -> dict:
+    """key_file.json as TorchServe wrote it. TorchServe creates the file, then writes it (at start,
+    and again when a key is renewed): a read in between finds it empty or cut short, so read again."""
+    for attempt in range(attempts):
+        try:
+            keys = json.loads(key_file.read_text())
+            if isinstance(keys, dict) and "inference" in keys:
+                return keys
+        except (json.JSONDecodeError, OSError):
+            if attempt == attempts - 1:
+                raise
+        time.sleep(pause_s)
+    raise ValueError(f"{key_file} holds no inference key")
 
 
 def renew_inference_key(management_url: str, api_key: str) -> None:
