@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel
 
-from handler.backends.hf import DTYPE_KWARG, TORCH_DTYPES
+from handler.backends.hf import load_model
 from handler.backends.pooling import l2_normalize, pool
 from handler.backends.sentence_config import read_sentence_config
+from handler.backends.tokenizer import load_tokenizer
 from handler.config import HandlerConfig
 from handler.errors import ConfigError
 
@@ -37,16 +38,8 @@ class HFEncoder:
             torch.set_num_threads(config.cpu_threads)
         self.sentence = read_sentence_config(checkpoint)
         folder = self.sentence.transformer_dir
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            folder, local_files_only=True, trust_remote_code=config.trust_remote_code
-        )
-        self.model = AutoModel.from_pretrained(
-            folder,
-            local_files_only=True,
-            use_safetensors=True,
-            trust_remote_code=config.trust_remote_code,
-            **{DTYPE_KWARG: TORCH_DTYPES[config.amp]},
-        ).eval()
+        self.tokenizer = load_tokenizer(folder, config.trust_remote_code)
+        self.model = load_model(AutoModel, folder, config)
         model_config = self.model.config
         if getattr(model_config, "is_decoder", False) and self.sentence.pooling != "lasttoken":
             logger.warning("encoder: %s is a decoder; its embeddings pool with %s", folder, self.sentence.pooling)

@@ -46,6 +46,17 @@ _MAJOR_MINOR = tuple(int(part) for part in transformers.__version__.split(".")[:
 DTYPE_KWARG = "dtype" if _MAJOR_MINOR >= (4, 56) else "torch_dtype"
 
 
+def load_model(auto_class: Any, folder: Path, config: HandlerConfig) -> Any:
+    """A checkpoint's model for inference on CPU: safetensors only, offline, in `config.amp`."""
+    return auto_class.from_pretrained(
+        folder,
+        local_files_only=True,
+        use_safetensors=True,
+        trust_remote_code=config.trust_remote_code,
+        **{DTYPE_KWARG: TORCH_DTYPES[config.amp]},
+    ).eval()
+
+
 @dataclass
 class _Slot:
     """One live sequence."""
@@ -83,13 +94,7 @@ class HFBackend(Backend):
             torch.set_num_threads(config.cpu_threads)
             logger.info("hf: torch intra-op threads set to %d", config.cpu_threads)
         self.tokenizer = load_tokenizer(checkpoint, config.trust_remote_code)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            checkpoint,
-            local_files_only=True,
-            use_safetensors=True,
-            trust_remote_code=config.trust_remote_code,
-            **{DTYPE_KWARG: TORCH_DTYPES[config.amp]},
-        ).eval()
+        self.model = load_model(AutoModelForCausalLM, checkpoint, config)
         self.eos_token_ids = eos_token_ids(self.model.config, self.tokenizer)
         max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self.n_positions = clamp_n_positions(config.n_positions, max_positions, "model")
