@@ -69,10 +69,11 @@ def test_shipped_model_configs_trust_no_remote_code(path):
 
 
 def test_checkpoints_load_from_safetensors_only():
-    """The hf backend and the hf encoder ask transformers for safetensors explicitly (a .bin pickle is refused)."""
-    for name in ("hf.py", "encoder.py"):
-        source = (REPO / "handler" / "backends" / name).read_text()
-        assert "use_safetensors=True" in source, name
+    """The hf backend and the hf encoder ask transformers for safetensors explicitly (a .bin pickle is refused):
+    both load through hf.py's load_model, and the encoder calls from_pretrained nowhere else."""
+    hf, encoder = ((REPO / "handler" / "backends" / name).read_text() for name in ("hf.py", "encoder.py"))
+    assert "use_safetensors=True" in hf and "load_model(AutoModelForCausalLM" in hf
+    assert "load_model(AutoModel," in encoder and "from_pretrained" not in encoder
 
 
 # -- against a running server (tests/e2e/conftest.py: serving/local.properties) ----------------
