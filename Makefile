@@ -19,6 +19,15 @@ DEFAULT_MODEL_DIR := $(REAL_MODEL_DIR)
 MODEL_DIR ?= $(DEFAULT_MODEL_DIR)
 # 1: copy the checkpoint into the archive (self-contained); 0: the archive names it by absolute path.
 EMBED_MODEL ?= 0
+# EMBEDDER=1: `make serve` also loads an embedding archive (docs/embeddings.md) beside the LLM, in the same
+# TorchServe: EMBEDDER_NAME, from the sentence-transformers checkpoint EMBEDDER_DIR with EMBEDDER_CONFIG.
+EMBEDDER ?= 0
+EMBEDDER_NAME ?= minilm
+EMBEDDER_DIR ?= $(ENCODER_MODEL_DIR)
+EMBEDDER_CONFIG ?= configs/model-config-embed.yaml
+SERVED_MODELS = $(MODEL_NAME) $(if $(filter 1,$(EMBEDDER)),$(EMBEDDER_NAME))
+comma := ,
+space := $(subst ,, )
 # transformers' GGUF loader's packages (requirements-model.txt), for `make model` only.
 MODEL_TOOLS = $(BUILD)/model-tools
 MODEL_CONFIG ?= model-config.yaml
@@ -41,7 +50,7 @@ PROMPT ?= Today the weather is really nice and I am planning on
 CLIENT_ARGS = --url http://$(HOST):$(INFERENCE_PORT) --management-url http://$(HOST):$(MANAGEMENT_PORT) --model $(MODEL_NAME)
 PYTEST_ARGS ?=
 
-.PHONY: venv model archive serve stop demo test test-fast test-perf lint clean
+.PHONY: venv model archive embedder-archive serve stop demo test test-fast test-perf lint clean
 
 # Feature areas keep their targets in mk/*.mk (neuron, sagemaker, bench).
 -include mk/*.mk
@@ -77,6 +86,11 @@ archive: venv $(if $(filter $(DEFAULT_MODEL_DIR) $(ENCODER_MODEL_DIR),$(MODEL_DI
 	$(PY) -m scripts.serve.stage_archive --model-dir $(MODEL_DIR) --config $(MODEL_CONFIG) --stage $(BUILD)/stage \
 		$(if $(filter 1,$(EMBED_MODEL)),--embed-model) --export-path $(MODEL_STORE) --model-name $(MODEL_NAME)
 
+# The embedding archive `make serve EMBEDDER=1` loads beside the LLM.
+embedder-archive: venv $(if $(filter $(ENCODER_MODEL_DIR),$(EMBEDDER_DIR)),model)
+	$(PY) -m scripts.serve.stage_archive --model-dir $(EMBEDDER_DIR) --config $(EMBEDDER_CONFIG) --stage $(BUILD)/stage-embed \
+		$(if $(filter 1,$(EMBED_MODEL)),--embed-model) --export-path $(MODEL_STORE) --model-name $(EMBEDDER_NAME)
+
 # serving/local.properties holds the settings; the addresses and the model store are added here.
 $(TS_CONFIG): Makefile serving/local.properties
 	mkdir -p $(BUILD)
@@ -88,28 +102,31 @@ $(TS_CONFIG): Makefile serving/local.properties
 		"grpc_inference_port=$(GRPC_INFERENCE_PORT)" \
 		"grpc_management_port=$(GRPC_MANAGEMENT_PORT)" \
 		"model_store=$(MODEL_STORE)" \
-		"load_models=$(MODEL_NAME)" \
+		"load_models=$(subst $(space),$(comma),$(strip $(SERVED_MODELS)))" \
 		"allowed_urls=file://$(abspath $(MODEL_STORE))/.*" \
 		"plugins_path=$(abspath $(PLUGINS_DIR))" >> $@
 
-serve: archive plugins
+# Waits for one served model ($(1): name, $(2): its model-config.yaml); on failure prints why and stops.
+define wait_for_model
+	@$(PY) -m scripts.serve.client $(CLIENT_ARGS) --model $(1) wait --timeout 600 --config $(2) \
+		--log logs/ts_log.log --pid-file $(BUILD)/.model_server.pid \
+		|| (tail -n 20 logs/ts_log.log; echo; $(PY) -m scripts.serve.client worker-error --model-log logs/model_log.log; \
+			$(MAKE) --no-print-directory stop; exit 1)
+endef
+
+serve: archive plugins $(if $(filter 1,$(EMBEDDER)),embedder-archive)
 	@$(PY) -m scripts.serve.torchserve_compat require-secure-defaults  # token auth + model API off need TorchServe 0.12
 	$(MAKE) --no-print-directory $(TS_CONFIG) -B
 	mkdir -p logs
 	rm -rf $(STATE_DIR) && mkdir -p $(STATE_DIR)
 	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 INF2_STATE_DIR=$(STATE_DIR) $(TS_ENV) $(BIN)/torchserve --start --ncs \
-		--ts-config $(TS_CONFIG) --log-config serving/log4j2.xml --model-store $(MODEL_STORE) --models $(MODEL_NAME)=$(MODEL_NAME) \
-		> logs/torchserve.out 2>&1
-	@$(PY) -m scripts.serve.client $(CLIENT_ARGS) wait --timeout 600 --config $(MODEL_CONFIG) \
-		--log logs/ts_log.log --pid-file $(BUILD)/.model_server.pid \
-		|| (tail -n 20 logs/ts_log.log; echo; $(PY) -m scripts.serve.client worker-error --model-log logs/model_log.log; \
-			$(MAKE) --no-print-directory stop; exit 1)
+		--ts-config $(TS_CONFIG) --log-config serving/log4j2.xml --model-store $(MODEL_STORE) \
+		--models $(foreach name,$(SERVED_MODELS),$(name)=$(name)) > logs/torchserve.out 2>&1
+	$(call wait_for_model,$(MODEL_NAME),$(MODEL_CONFIG))
+	$(if $(filter 1,$(EMBEDDER)),$(call wait_for_model,$(EMBEDDER_NAME),$(EMBEDDER_CONFIG)))
 	@echo
-	@echo "Serving $(MODEL_NAME) on http://$(HOST):$(INFERENCE_PORT) (token auth on; key in key_file.json). Try:"
-	@echo "  make demo"
-	@echo "  curl -N -H \"Authorization: Bearer \$$($(PY) -m scripts.serve.client token)\" -H 'Content-Type: application/json' \\"
-	@echo "       -d '{\"prompt\": \"Today the weather is\", \"max_new_tokens\": 64}' http://$(HOST):$(INFERENCE_PORT)/predictions/$(MODEL_NAME)"
-	@echo "  make stop"
+	@$(PY) -m scripts.serve.client $(CLIENT_ARGS) hints --config $(MODEL_CONFIG) \
+		$(if $(filter 1,$(EMBEDDER)),--also $(EMBEDDER_NAME)=$(EMBEDDER_CONFIG))
 
 # `make stop` drains first: new requests get 503, those in flight get DRAIN_GRACE_S seconds to
 # finish (then an in-band error); then TorchServe stops and no worker process is left behind.

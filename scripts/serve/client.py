@@ -157,6 +157,17 @@ def wait_ready(
     raise SystemExit(f"model did not answer within {timeout:.0f} s ({last}); see logs/ts_log.log")
 
 
+def usage_hints(url: str, model: str, task: str) -> list[str]:
+    """The lines `make serve` prints to show how to call a served model of `handler.task` `task`."""
+    auth = '-H "Authorization: Bearer $(.venv/bin/python -m scripts.serve.client token)"'
+    if task == "embed":
+        body = json.dumps({"model": model, "input": ["The weather is lovely today."]})
+        target = f"{url}/predictions/{model}/1.0/v1/embeddings"
+        return [f"  curl {auth} -H 'Content-Type: application/json' \\", f"       -d '{body}' {target}"]
+    body = json.dumps({"prompt": "Today the weather is", "max_new_tokens": 64})
+    return [f"  curl -N {auth} -H 'Content-Type: application/json' \\", f"       -d '{body}' {url}/predictions/{model}"]
+
+
 def _alive(pid_file: Path) -> bool:
     try:
         os.kill(int(pid_file.read_text().split()[0]), 0)
@@ -199,6 +210,9 @@ def main() -> None:
     wait.add_argument("--log", type=Path, help="TorchServe log to watch for load failures")
     wait.add_argument("--pid-file", type=Path, help="TorchServe's pid file: stop waiting when it is gone")
     wait.add_argument("--config", type=Path, help="the archive's model-config.yaml: its handler.task picks the probe")
+    hints = sub.add_parser("hints", help="print how to call the served models (make serve's closing lines)")
+    hints.add_argument("--config", type=Path, help="the --model archive's model-config.yaml")
+    hints.add_argument("--also", action="append", default=[], metavar="NAME=CONFIG", help="another served archive")
     sub.add_parser("token", help="print the inference key (renewed first when it expired or is about to)")
     sub.add_parser("ping", help="GET /ping with the inference key (read now); exit 0 only on 200")
     error = sub.add_parser("worker-error", help="print why the worker failed (the last traceback in the model log)")
@@ -220,6 +234,18 @@ def main() -> None:
     elif args.command == "worker-error":
         cause = failure_cause(args.model_log)
         print(f"Cause, from {args.model_log}:\n{cause}" if cause else f"{args.model_log}: no error logged")
+    elif args.command == "hints":
+        served = [(args.model, args.config)] + [
+            (name, Path(config)) for name, _, config in (a.partition("=") for a in args.also)
+        ]
+        print(
+            f"Serving {', '.join(name for name, _ in served)} on {args.url} (token auth on; key in key_file.json). Try:"
+        )
+        if task_of(args.config) == "generate":
+            print("  make demo")
+        for name, config in served:
+            print("\n".join(usage_hints(args.url, name, task_of(config))))
+        print("  make stop")
     elif args.command == "wait":
         waited = wait_ready(
             url, args.key_file, args.timeout, args.log, args.pid_file, args.management_url, task_of(args.config)

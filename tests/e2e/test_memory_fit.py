@@ -6,9 +6,7 @@ tests/unit/test_memory_model.py's arithmetic) and what would fit."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,10 +14,9 @@ import pytest
 import yaml
 
 from scripts.serve.torchserve_compat import has_secure_defaults
-from tests.support.torchserve_process import free_port
+from tests.support.make_checkout import free_ports, make_checkout, make_command
 
 REPO = Path(__file__).resolve().parents[2]
-COPIED = ("Makefile", "mk", "handler", "scripts", "serving", "profiles", "requirements.txt", "requirements-dev.txt")
 NUMBERS = (
     "llama-2-70b bf16 at tp_degree 2, 8 slot(s) x 4096 positions: 64.2 GiB weights + 5.0 GiB KV + 1.0 GiB "
     "reserve = 70.2 GiB per NeuronCore > 16 GiB HBM; try tp_degree 24"
@@ -29,13 +26,7 @@ NUMBERS = (
 def test_make_serve_on_sim_refuses_a_70b_layout_on_two_cores(tiny_model_dir, tmp_path):
     if not has_secure_defaults():
         pytest.skip("make serve refuses TorchServe 0.11 (no token authorization)")
-    checkout = tmp_path / "checkout"  # make serve writes logs/, build/ and key_file.json where it runs
-    checkout.mkdir()
-    for name in COPIED:
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(REPO / name, checkout / name)
+    checkout = make_checkout(tmp_path / "checkout")  # make serve writes logs/, build/ and key_file.json there
     config = yaml.safe_load((REPO / "configs" / "model-config-sim.yaml").read_text())
     config["handler"].update(tp_degree=2, amp="bf16")
     config["handler"]["sim"].update(
@@ -44,10 +35,8 @@ def test_make_serve_on_sim_refuses_a_70b_layout_on_two_cores(tiny_model_dir, tmp
         time_scale=0.0,
     )
     (checkout / "sim-70b-tp2.yaml").write_text(yaml.safe_dump(config))
-    venv = Path(sys.prefix)
-    make = ["make", "--no-print-directory", "-o", f"{venv}/.installed", f"VENV={venv}"]
-    ports = [f"{name}={free_port()}" for name in ("INFERENCE_PORT", "MANAGEMENT_PORT", "METRICS_PORT")]
-    ports += [f"{name}={free_port()}" for name in ("GRPC_INFERENCE_PORT", "GRPC_MANAGEMENT_PORT")]
+    make = make_command()
+    ports = [f"{name}={port}" for name, port in free_ports().items()]
     command = [*make, "serve", f"MODEL_DIR={tiny_model_dir}", "MODEL_CONFIG=sim-70b-tp2.yaml", "DRAIN_GRACE_S=0"]
     t0 = time.perf_counter()
     try:

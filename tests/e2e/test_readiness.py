@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -40,8 +39,9 @@ from handler.serving.state import (
     write_replica_health,
 )
 from scripts.serve.torchserve_compat import has_secure_defaults
+from tests.support.make_checkout import free_ports, make_checkout, make_command
 from tests.support.modes import MODES, with_mode
-from tests.support.torchserve_process import TorchServe, free_port, start_torchserve
+from tests.support.torchserve_process import TorchServe, start_torchserve
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "profiles" / "llama-2-7b-inf2-48xl-tp24.yaml"
@@ -63,7 +63,6 @@ SIM_CONFIG: dict[str, Any] = {
 }
 # What the failing worker's cause carries through failed-<pid>.json, the plugin's JSON and the 503 body.
 INJECTED = 'injected "load" failure\nsecond line\twith a tab, a backslash \\ and non-ASCII: é ☃'
-REQUIREMENTS = ("requirements.txt", "requirements-dev.txt")  # `make venv`'s prerequisites
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{3}) ")
 WARMUP_LINE = f"{WARMUP_ENV}: the warm-up takes"
 READY_LINE = re.compile(r"backend \w+ ready in")
@@ -352,27 +351,19 @@ def test_make_serve_prints_why_the_worker_failed(tiny_model_dir, tmp_path):
     (the traceback in the model log), not only ts_log's "Worker died"."""
     if not has_secure_defaults():
         pytest.skip("make serve refuses TorchServe 0.11 (no token authorization)")
-    checkout = tmp_path / "checkout"  # make serve writes logs/, build/ and key_file.json where it runs
-    checkout.mkdir()
-    for name in ("Makefile", "mk", "handler", "scripts", "serving", "profiles", *REQUIREMENTS):
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(REPO / name, checkout / name)
+    checkout = make_checkout(tmp_path / "checkout")  # make serve writes logs/, build/ and key_file.json there
     config = yaml.safe_load((REPO / "model-config.yaml").read_text())
     config["handler"]["n_positions"] = "eight hundred"
     (checkout / "bad-config.yaml").write_text(yaml.safe_dump(config))
-    venv = Path(sys.prefix)
-    ports = [f"{name}={free_port()}" for name in ("INFERENCE_PORT", "MANAGEMENT_PORT", "METRICS_PORT")]
-    ports += [f"{name}={free_port()}" for name in ("GRPC_INFERENCE_PORT", "GRPC_MANAGEMENT_PORT")]
-    command = ["make", "--no-print-directory", "-o", f"{venv}/.installed", f"VENV={venv}", "serve"]
+    ports = [f"{name}={port}" for name, port in free_ports().items()]
+    command = [*make_command(), "serve"]
     command += [f"MODEL_DIR={tiny_model_dir}", "MODEL_CONFIG=bad-config.yaml", "DRAIN_GRACE_S=0", *ports]
     t0 = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=300, env={**os.environ})
     finally:  # never leave it running, whatever happened
         subprocess.run(
-            ["make", "--no-print-directory", "-o", f"{venv}/.installed", f"VENV={venv}", "stop", "DRAIN_GRACE_S=0"],
+            [*make_command(), "stop", "DRAIN_GRACE_S=0"],
             cwd=checkout,
             capture_output=True,
             timeout=120,
