@@ -26,8 +26,10 @@ SAGEMAKER_MODEL_FOLDER = $(SAGEMAKER_BUILD)/model_store/$(MODEL_NAME)
 # 1: package the tiny test model anyway (it cannot serve on Inferentia: for trying the pipeline only).
 SAGEMAKER_ALLOW_TINY_MODEL ?= 0
 
+# One token (one embedded word for an embedding archive: its handler.task picks the body).
+_sagemaker_probe_body = $(shell $(PY) -m scripts.serve.client readiness-body --config $(MODEL_CONFIG))
 _sagemaker_probe = curl -sf http://$(HOST):$(INFERENCE_PORT)/invocations -H 'Content-Type: application/json' \
-	-d '{"prompt": "ping", "max_new_tokens": 1, "stream": false}'
+	-d '$(_sagemaker_probe_body)'
 _aws_region = $(if $(AWS_REGION),--region $(AWS_REGION))
 _require = $(if $($(1)),,$(error set $(1), e.g. make $@ $(1)=$(2)))
 _sagemaker_tiny = $(filter $(abspath $(TINY_MODEL_DIR)),$(abspath $(MODEL_DIR)))

@@ -90,6 +90,11 @@ def config_backend(raw: dict[str, Any]) -> str:
     return str((raw.get("handler") or {}).get("backend", "hf"))
 
 
+def config_task(raw: dict[str, Any]) -> str:
+    """handler.task of a model-config.yaml (the handler's default: generate)."""
+    return "embed" if (raw.get("handler") or {}).get("task") == "embed" else "generate"
+
+
 def dlc_for(backend: str) -> Dlc:
     """The DLC a config with this handler.backend deploys to by default: nxdi's for nxdi, else
     neuronx's (auto picks neuronx there; hf and sim run on its CPU)."""

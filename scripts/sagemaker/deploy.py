@@ -43,10 +43,12 @@ from scripts.sagemaker.common import (
     PROPERTIES_NAME,
     check_name,
     config_backend,
+    config_task,
     container_environment,
     dlc_for,
     split_s3_uri,
 )
+from scripts.serve.client import readiness_body
 
 logger = logging.getLogger("sagemaker_deploy")
 
@@ -98,8 +100,8 @@ DLC_ACCOUNTS = {
 }
 VARIANT = "AllTraffic"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
-# The readiness probe: one token, one JSON answer.
-PROBE_BODY = json.dumps({"prompt": "ping", "max_new_tokens": 1, "stream": False})
+# The readiness probe: one token (one embedded word for an embedding archive), one JSON answer.
+PROBE_BODY = json.dumps(readiness_body("generate"))
 # Statuses from the container that no retry will change (a bad request, token auth left on).
 FATAL_CONTAINER_STATUSES = {400, 401, 403, 405, 413, 415, 422}
 RETRYABLE_ERRORS = {
@@ -199,6 +201,7 @@ class Probe:
     interval_s: float = 15.0
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    body: str = PROBE_BODY  # the request it sends: readiness_body(handler.task)
 
 
 @dataclass
@@ -278,17 +281,23 @@ def check_model_data(s3, model_data: str) -> None:
             raise
 
 
-def model_data_backend(s3, model_data: str) -> str | None:
-    """handler.backend of the model-config.yaml in the uploaded model data; None when it cannot be read."""
+def model_data_config(s3, model_data: str) -> dict[str, Any] | None:
+    """The model-config.yaml in the uploaded model data; None when it cannot be read."""
     bucket, prefix = split_s3_uri(model_data)
     key = prefix + MODEL_CONFIG_NAME
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         raw = yaml.safe_load(body)
     except (ClientError, yaml.YAMLError) as exc:
-        logger.warning("cannot read s3://%s/%s for the backend (%s)", bucket, key, exc)
+        logger.warning("cannot read s3://%s/%s for the backend and task (%s)", bucket, key, exc)
         return None
-    return config_backend(raw) if isinstance(raw, dict) else None
+    return raw if isinstance(raw, dict) else None
+
+
+def model_data_backend(s3, model_data: str) -> str | None:
+    """handler.backend of the model-config.yaml in the uploaded model data; None when it cannot be read."""
+    raw = model_data_config(s3, model_data)
+    return config_backend(raw) if raw is not None else None
 
 
 def wait_in_service(sagemaker, endpoint_name: str) -> None:
@@ -305,9 +314,9 @@ def wait_in_service(sagemaker, endpoint_name: str) -> None:
     logger.info("endpoint %s in service after %.0f s", endpoint_name, time.monotonic() - started)
 
 
-def _invoke_once(runtime, endpoint_name: str) -> str:
+def _invoke_once(runtime, endpoint_name: str, body: str) -> str:
     response = runtime.invoke_endpoint(
-        EndpointName=endpoint_name, ContentType="application/json", Accept="application/json", Body=PROBE_BODY
+        EndpointName=endpoint_name, ContentType="application/json", Accept="application/json", Body=body
     )
     return response["Body"].read().decode("utf-8", "replace")
 
@@ -327,11 +336,11 @@ def _retryable(exc: Exception) -> str | None:
 
 
 def wait_for_invocation(runtime, endpoint_name: str, probe: Probe) -> str:
-    """POST a 1-token request until the endpoint answers 200; returns the answer."""
+    """POST the probe's request (1 token, or 1 embedding) until the endpoint answers 200; returns the answer."""
     deadline = probe.clock() + probe.timeout_s
     while True:
         try:
-            answer = _invoke_once(runtime, endpoint_name)
+            answer = _invoke_once(runtime, endpoint_name, probe.body)
         except (ClientError, *NETWORK_ERRORS) as exc:
             why = _retryable(exc)
             if why is None:
@@ -441,6 +450,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--subnet", action="append", default=[], help="VpcConfig subnet id (repeatable)")
     parser.add_argument("--security-group", action="append", default=[], help="VpcConfig security group id")
     parser.add_argument("--wait", action="store_true", help="wait until InService and the model answers a request")
+    parser.add_argument(
+        "--task",
+        choices=("generate", "embed"),
+        help="handler.task of the archive, for --wait's request (default: read from the model data, else generate)",
+    )
     parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for that answer")
     parser.add_argument("--skip-model-data-check", action="store_true", help="do not look for the files in S3")
     return parser.parse_args(argv)
@@ -489,12 +503,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not session.region_name:
             raise DeployError("no AWS region: pass --region (AWS_REGION=... with make), or set one with aws configure")
-        backend = None
-        if not (args.image_uri or args.backend or args.skip_model_data_check):
-            backend = model_data_backend(session.client("s3"), args.model_data)
-            logger.info("model data: handler.backend %s: the %s DLC", backend, dlc_for(backend or "neuronx").tag)
+        backend, task = None, args.task
+        if not args.skip_model_data_check:
+            raw = model_data_config(session.client("s3"), args.model_data)
+            task = task or (config_task(raw) if raw is not None else None)
+            if raw is not None and not (args.image_uri or args.backend):
+                backend = config_backend(raw)
+                logger.info("model data: handler.backend %s: the %s DLC", backend, dlc_for(backend).tag)
         d = deployment_from_args(args, session.region_name, backend)
-        deploy(clients_for(session, d, args), d, wait=args.wait, probe=Probe(timeout_s=args.ready_timeout))
+        probe = Probe(timeout_s=args.ready_timeout, body=json.dumps(readiness_body(task or "generate")))
+        deploy(clients_for(session, d, args), d, wait=args.wait, probe=probe)
     except (ValueError, DeployError) as exc:
         raise SystemExit(f"error: {exc}") from None
     print(d.endpoint_name)

@@ -213,6 +213,8 @@ def main() -> None:
     hints = sub.add_parser("hints", help="print how to call the served models (make serve's closing lines)")
     hints.add_argument("--config", type=Path, help="the --model archive's model-config.yaml")
     hints.add_argument("--also", action="append", default=[], metavar="NAME=CONFIG", help="another served archive")
+    probe = sub.add_parser("readiness-body", help="print the JSON body of the readiness request (one token or word)")
+    probe.add_argument("--config", type=Path, help="the archive's model-config.yaml: its handler.task picks the body")
     sub.add_parser("token", help="print the inference key (renewed first when it expired or is about to)")
     sub.add_parser("ping", help="GET /ping with the inference key (read now); exit 0 only on 200")
     error = sub.add_parser("worker-error", help="print why the worker failed (the last traceback in the model log)")
@@ -234,6 +236,8 @@ def main() -> None:
     elif args.command == "worker-error":
         cause = failure_cause(args.model_log)
         print(f"Cause, from {args.model_log}:\n{cause}" if cause else f"{args.model_log}: no error logged")
+    elif args.command == "readiness-body":
+        print(json.dumps(readiness_body(task_of(args.config))))
     elif args.command == "hints":
         served = [(args.model, args.config)] + [
             (name, Path(config)) for name, _, config in (a.partition("=") for a in args.also)

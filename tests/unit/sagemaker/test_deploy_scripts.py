@@ -623,3 +623,43 @@ def test_deploy_goes_on_when_the_model_data_is_there(aws, recorder):
 )
 def test_split_s3_uri(uri, expected):
     assert split_s3_uri(uri) == expected
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "body"),
+    [
+        ("handler:\n  task: embed\n", [], {"inputs": "ping"}),  # an embedding archive: one embedded word
+        ("handler:\n  task: generate\n", [], {"prompt": "ping", "max_new_tokens": 1, "stream": False}),
+        (None, [], {"prompt": "ping", "max_new_tokens": 1, "stream": False}),  # unreadable: the LLM's default
+        (None, ["--task", "embed"], {"inputs": "ping"}),
+        ("handler:\n  task: embed\n", ["--backend", "neuronx"], {"inputs": "ping"}),  # the image chosen, task read
+    ],
+)
+def test_the_readiness_request_follows_the_uploaded_configs_task(aws, monkeypatch, config, flags, body):
+    """An embedding archive refuses generation fields with a 400, which --wait takes as final: its probe
+    must ask for an embedding."""
+    s3 = boto3.client("s3", region_name=REGION)
+    put_archive(s3, config)
+    probes: list[Probe] = []
+    monkeypatch.setattr(sagemaker_deploy, "deploy", lambda clients, d, wait, probe: probes.append(probe))
+    sagemaker_deploy.main(
+        ["--model-data", f"s3://{BUCKET}/llama-inf2/", "--role-arn", ROLE, "--endpoint-name", "ep-1", "--wait"]
+        + ["--region", REGION, *flags]
+    )
+    assert [json.loads(probe.body) for probe in probes] == [body]
+
+
+def test_wait_sends_the_probes_own_request(aws):
+    runtime, stubber = stubbed_runtime()
+    body = json.dumps({"inputs": "ping"})
+    payload = json.dumps([[0.1, 0.2]]).encode()
+    stubber.add_response(
+        "invoke_endpoint",
+        {"Body": StreamingBody(io.BytesIO(payload), len(payload)), "ContentType": "application/json"},
+        expected_params={**PROBE_PARAMS, "Body": body},
+    )
+    fake = FakeTime()
+    probe = Probe(timeout_s=60, interval_s=15.0, clock=fake.clock, sleep=fake.sleep, body=body)
+    with stubber:
+        assert sagemaker_deploy.wait_for_invocation(runtime, "llama-inf2-test", probe) == "[[0.1, 0.2]]"
+        stubber.assert_no_pending_responses()
