@@ -15,6 +15,8 @@ def record(call: str, **fields: Any) -> None:
     path = os.environ.get(ENV_VAR)
     if not path:
         return
-    line = json.dumps({"call": call, "fake": "torch_neuronx", "pid": os.getpid(), **fields}, default=str, sort_keys=True)
+    line = json.dumps(
+        {"call": call, "fake": "torch_neuronx", "pid": os.getpid(), **fields}, default=str, sort_keys=True
+    )
     with open(path, "a", encoding="utf-8") as log:  # one write per line: safe across worker processes
         log.write(line + "\n")

@@ -54,6 +54,7 @@ class DataParallel(torch.nn.Module):
         self.num_workers = 2 * len(cores)
         self.split_size: int | None = None  # None: max(1, n // cores) per call
         self._compiled_batch = int(model.neuron_input_shapes[0, 1 + dim])
+        self._pool: ThreadPoolExecutor | None = None  # the worker threads, started by the first call
         self._lock = threading.Lock()
 
     def disable_dynamic_batching(self) -> None:
@@ -62,9 +63,11 @@ class DataParallel(torch.nn.Module):
     def forward(self, *inputs: torch.Tensor) -> Any:
         n = inputs[0].shape[self.dim]
         size = self.split_size or max(1, n // len(self.device_ids))
-        chunks = list(zip(*(t.split(size, dim=self.dim) for t in inputs)))
+        chunks = list(zip(*(t.split(size, dim=self.dim) for t in inputs), strict=True))
         if self.dynamic_batching:
-            pieces = [list(zip(*(t.split(self._compiled_batch, dim=0) for t in chunk))) for chunk in chunks]
+            pieces = [
+                list(zip(*(t.split(self._compiled_batch, dim=0) for t in chunk), strict=True)) for chunk in chunks
+            ]
         else:
             pieces = [[chunk] for chunk in chunks]
 
@@ -73,8 +76,13 @@ class DataParallel(torch.nn.Module):
             with _device.on_core(core):
                 return [self.module(*piece) for piece in pieces[index]]
 
-        with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
-            results = [out for outs in pool.map(run, range(len(pieces))) for out in outs]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="neuron-dp")
+        if len(pieces) == 1:
+            results = run(0)
+        else:
+            results = [out for outs in self._pool.map(run, range(len(pieces))) for out in outs]
         if isinstance(results[0], torch.Tensor):
             return torch.cat(results, dim=self.dim)
-        return tuple(torch.cat(parts, dim=self.dim) for parts in zip(*results))
+        return tuple(torch.cat(parts, dim=self.dim) for parts in zip(*results, strict=True))

@@ -25,6 +25,7 @@ device-time model.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import threading
 import time
@@ -113,6 +114,12 @@ def _forward(inputs: list[torch.Tensor], expected: torch.Tensor) -> list[torch.T
 _DTYPES = [torch.int64, torch.int32, torch.float32, torch.float16, torch.bfloat16, torch.bool, torch.int8]
 
 
+def _dispatch(inputs: list[torch.Tensor], expected: torch.Tensor) -> list[torch.Tensor]:
+    """The operator's kernel: the `_forward` of the fake as imported now (tests purge and re-import the
+    fake, and the operator, defined once per process, must see the current module's cores)."""
+    return importlib.import_module("torch_neuronx._device")._forward(inputs, expected)
+
+
 def _register() -> None:
     """Define the operator once per process (tests re-import the fake; a second definition raises)."""
     try:
@@ -122,7 +129,7 @@ def _register() -> None:
         pass
     library = torch.library.Library("fake_neuron", "DEF")
     library.define("forward(Tensor[] inputs, Tensor shapes) -> Tensor[]")
-    library.impl("forward", _forward, "CompositeExplicitAutograd")
+    library.impl("forward", _dispatch, "CompositeExplicitAutograd")
     _LIBRARIES.append(library)  # a Library dropped by the garbage collector unregisters its operators
 
 
