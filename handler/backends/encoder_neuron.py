@@ -223,10 +223,11 @@ class NeuronEncoder(SentenceEncoder, DeviceBackend):
         self._check_rows(rows)
         modules = self._running_model()
         out = torch.empty((len(rows), self.dimension), dtype=torch.float32)
-        for (batch, seq), group in self.plan(rows):
-            ids, mask = self.padded([rows[i] for i in group], seq, batch)
-            vectors = modules[(batch, seq)](ids, mask)
-            out[group] = vectors[: len(group)].float()
+        with torch.inference_mode():  # a loaded ScriptModule's parameters ask for gradients otherwise
+            for (batch, seq), group in self.plan(rows):
+                ids, mask = self.padded([rows[i] for i in group], seq, batch)
+                vectors = modules[(batch, seq)](ids, mask)
+                out[group] = vectors[: len(group)].float()
         return out
 
     def warmup(self) -> None:
@@ -235,7 +236,8 @@ class NeuronEncoder(SentenceEncoder, DeviceBackend):
             return
         started = time.perf_counter()
         row = self.tokenize("Hello, world")[: self.seq_buckets[0]]
-        for batch, seq in self.buckets:
-            ids, mask = self.padded([row] * batch, seq, batch)
-            self._running_model()[(batch, seq)](ids, mask)
+        with torch.inference_mode():
+            for batch, seq in self.buckets:
+                ids, mask = self.padded([row] * batch, seq, batch)
+                self._running_model()[(batch, seq)](ids, mask)
         logger.info("neuronx encoder: warmed %d buckets in %.2f s", len(self.buckets), time.perf_counter() - started)

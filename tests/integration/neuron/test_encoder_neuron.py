@@ -194,3 +194,37 @@ def test_each_worker_takes_one_neuron_core(encoder_checkpoint):
     finally:
         first.close()
         second.close()
+
+
+def test_the_embedding_archive_serves_neuronx_through_the_handler(encoder_checkpoint, tiny_encoder_dir):
+    """The TorchServe adapter on the neuronx encoder: the same vectors as plain transformers, and an
+    input longer than the largest sequence bucket is a 400 naming it."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from handler.inf2_handler import Inf2StreamingHandler
+    from tests.support.torchserve_harness import make_context, run_batch
+
+    texts = ["The weather is nice today.", "a cat", " ".join(["rain"] * 20)]
+    raw = embed_yaml(encoder_checkpoint, embed={"buckets": {"batch_sizes": [1, 2], "seq_lengths": [8, 16]}})
+    handler = Inf2StreamingHandler()
+    context = make_context(raw, str(encoder_checkpoint))
+    handler.initialize(context)
+    try:
+        assert handler.serving.encoder.name == "neuronx"
+        good, too_long = run_batch(
+            handler,
+            context,
+            [{"input": texts[:2], "model": "m"}, {"input": ["ok", texts[2]]}],
+            [{"url_path": "v1/embeddings"}] * 2,
+        )
+    finally:
+        handler.shutdown()
+    assert good.status == 200, good.final
+    tokenizer = AutoTokenizer.from_pretrained(tiny_encoder_dir, local_files_only=True)
+    model = AutoModel.from_pretrained(tiny_encoder_dir, local_files_only=True).eval()
+    for text, item in zip(texts, json.loads(good.final)["data"], strict=False):
+        with torch.inference_mode():
+            hidden = model(**tokenizer(text, return_tensors="pt")).last_hidden_state
+        expected = torch.nn.functional.normalize(hidden.mean(dim=1), dim=1)[0]
+        assert float(torch.nn.functional.cosine_similarity(torch.tensor(item["embedding"]), expected, dim=0)) >= 0.9999
+    assert too_long.status == 400 and json.loads(too_long.final)["error"]["param"] == "input[1]"
