@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from handler.errors import ConfigError
 from handler.neuron.config import NeuronxConfig
@@ -133,6 +133,33 @@ class MicroBatchingConfig(_Section):
     parallelism: Parallelism = Parallelism()
 
 
+class EmbedBuckets(_Section):
+    """`handler.embed.buckets`: the shapes `torch_neuronx.trace` compiles the encoder for (backend neuronx;
+    a traced module takes only its own shape). Rows are padded to the smallest sequence bucket that fits
+    and grouped into the smallest batch bucket that fits; a larger group is split."""
+
+    batch_sizes: list[int] = Field(
+        default_factory=lambda: [1, 8], description="rows per compiled call, strictly increasing, e.g. [1, 8]"
+    )
+    seq_lengths: list[int] | None = Field(
+        default=None,
+        description="tokens per row, strictly increasing, the largest within the model's max_length (checked at "
+        "load); the largest is the longest input served. Default: 128, 256, ... below the model's max_length, "
+        "then max_length",
+    )
+
+    @field_validator("batch_sizes", "seq_lengths")
+    @classmethod
+    def _increasing(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
+        if not value or any(v < 1 for v in value):
+            raise ValueError("must be a non-empty list of positive integers, e.g. [1, 8]")
+        if sorted(set(value)) != value:
+            raise ValueError("must be strictly increasing, e.g. [128, 256]")
+        return value
+
+
 class EmbedConfig(_Section):
     """`handler.embed`: the embedding task (`handler.task: embed`, docs/embeddings.md)."""
 
@@ -149,6 +176,7 @@ class EmbedConfig(_Section):
         description="inputs run through the encoder in one forward: a TorchServe batch's inputs, every request's "
         "together, sorted by length and padded in groups of this many",
     )
+    buckets: EmbedBuckets = EmbedBuckets()  # read by backend neuronx (and auto on an inf2 host)
 
 
 class HandlerConfig(_Section):
@@ -290,8 +318,8 @@ class ServingConfig(BaseModel):
 
     @classmethod
     def _embedding(cls, handler: HandlerConfig, raw: dict[str, Any], batch_size: Any) -> ServingConfig:
-        """`handler.task: embed`: TorchServe's classic batching (an embedding has no stream), the hf
-        backend; the generation sections do not apply."""
+        """`handler.task: embed`: TorchServe's classic batching (an embedding has no stream), an encoder
+        backend (hf, neuronx or auto); the generation sections do not apply."""
         if raw.get("continuousBatching"):
             raise ConfigError(
                 "model-config.yaml: handler.task is 'embed' but continuousBatching is true; an embedding is answered "
@@ -303,11 +331,7 @@ class ServingConfig(BaseModel):
                     f"model-config.yaml: {section}: applies to handler.task generate only; remove it (an embedding "
                     "archive batches with batchSize, maxBatchDelay and handler.embed.encode_batch_size)"
                 )
-        if handler.backend != "hf":
-            raise ConfigError(
-                f"model-config.yaml: handler.backend: {handler.backend!r} cannot serve handler.task embed; embeddings "
-                "are served on hf (transformers on CPU) in this release"
-            )
+        _check_embed_backend(handler)
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"model-config.yaml: batchSize must be a positive integer, got {batch_size!r}")
         scheduler = SchedulerConfig(mode="static")
@@ -318,6 +342,41 @@ class ServingConfig(BaseModel):
             scheduler=scheduler,
             batch_size=batch_size,
             job_queue_size=_check_job_queue(raw, batch_size),
+        )
+
+
+# handler.neuronx keys that configure transformers-neuronx's LLM and mean nothing to a traced encoder
+_LLM_ONLY_NEURONX_KEYS = (
+    "model_class",
+    "context_length_estimate",
+    "group_query_attention",
+    "quantize_weights",
+    "neuron_config",
+    "output_all_logits",
+)
+
+
+def _check_embed_backend(handler: HandlerConfig) -> None:
+    """An encoder runs on hf (CPU), neuronx (torch_neuronx.trace, one core per worker) or auto."""
+    if handler.backend not in ("hf", "neuronx", "auto"):
+        raise ConfigError(
+            f"model-config.yaml: handler.backend: {handler.backend!r} cannot serve handler.task embed; an encoder "
+            "runs on hf (transformers on CPU), neuronx (compiled with torch_neuronx.trace for Inferentia2) or auto "
+            "(neuronx on a Neuron host, else hf). sim and nxdi serve LLMs only"
+        )
+    if handler.backend == "hf":
+        return
+    if handler.tp_degree != 1:
+        raise ConfigError(
+            f"model-config.yaml: handler.tp_degree: {handler.tp_degree}; an encoder is traced for one NeuronCore "
+            "(one copy per worker, one worker per core: docs/embeddings.md); set tp_degree: 1"
+        )
+    set_keys = sorted(set(handler.neuronx.model_fields_set) & set(_LLM_ONLY_NEURONX_KEYS))
+    if set_keys:
+        raise ConfigError(
+            f"model-config.yaml: handler.neuronx.{set_keys[0]}: configures transformers-neuronx's LLM and does not "
+            "apply to handler.task embed; an encoder reads handler.neuronx's cache_dir, compile_cache, num_cores, "
+            "compile_on_start, compiler_flags and warmup, and handler.embed.buckets"
         )
 
 

@@ -1,5 +1,5 @@
 """The life of a model compiled for NeuronCores, whatever it serves: what every device backend
-(neuronx, nxdi; an encoder later) does around its SDK, in order:
+(neuronx, nxdi, and the neuronx encoder of handler/backends/encoder_neuron.py) does around its SDK, in order:
 
 1. place this process on its NeuronCores (`place_process`: the replica's given cores, or claimed
    here) before the SDK is imported;

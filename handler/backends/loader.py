@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 from handler.backends.base import Backend
 from handler.config import ServingConfig
 from handler.errors import ConfigError
-from handler.neuron.auto import choose_backend
+from handler.neuron.auto import choose_backend, choose_encoder_backend
 
 if TYPE_CHECKING:
-    from handler.backends.encoder import HFEncoder
+    from handler.backends.encoder_base import SentenceEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +39,20 @@ def load_backend(
     return backend
 
 
-def load_encoder(config: ServingConfig, model_dir: str | Path | None) -> HFEncoder:
-    """The encoder of an embedding archive (`handler.task: embed`): hf only (config.py refuses others)."""
-    from handler.backends.encoder import HFEncoder
-
+def load_encoder(
+    config: ServingConfig, model_dir: str | Path | None, gpu_id: int | None = None, workers: int = 1
+) -> SentenceEncoder:
+    """The encoder of an embedding archive (`handler.task: embed`): hf, neuronx, or auto resolved here
+    (config.py refuses the others). `gpu_id` and `workers` place neuronx on this worker's NeuronCore."""
+    config = resolve_auto(config)
     checkpoint = _checkpoint(config, model_dir)
     logger.info("loading the encoder (backend %s) from %s", config.handler.backend, checkpoint)
+    if config.handler.backend == "neuronx":
+        from handler.backends.encoder_neuron import NeuronEncoder
+
+        return NeuronEncoder(config, checkpoint, gpu_id, workers)
+    from handler.backends.encoder import HFEncoder
+
     return HFEncoder(config.handler, checkpoint)
 
 
@@ -52,7 +60,7 @@ def resolve_auto(config: ServingConfig, dev_dir: Path = Path("/dev")) -> Serving
     """The same config with `backend: auto` replaced by the backend chosen here (logged)."""
     if config.handler.backend != "auto":
         return config
-    chosen, why = choose_backend(dev_dir)
+    chosen, why = choose_encoder_backend(dev_dir) if config.handler.task == "embed" else choose_backend(dev_dir)
     logger.info("backend auto: using %s (%s)", chosen, why)
     handler = config.handler.model_copy(update={"backend": chosen})
     return config.model_copy(update={"handler": handler})

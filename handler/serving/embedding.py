@@ -31,7 +31,7 @@ from handler.api.embedding_schemas import EmbeddingRequest
 from handler.api.embeddings import EmbeddingApi, FeatureExtractionApi
 from handler.api.json_tree import printable
 from handler.api.openai import ModelsApi
-from handler.backends.encoder import HFEncoder
+from handler.backends.encoder_base import SentenceEncoder
 from handler.backends.loader import load_encoder
 from handler.config import ServingConfig
 from handler.errors import EngineError, InvalidRequest, ServingError
@@ -39,7 +39,7 @@ from handler.serving import drain
 from handler.serving.grpc_jobs import end_grpc_reply, is_grpc
 from handler.serving.intake_checks import check_body_form, fewest_tokens, longest_token_chars
 from handler.serving.replies import error_reply
-from handler.serving.service import body_of
+from handler.serving.service import body_of, worker_of
 from handler.serving.static import batch_delay_s
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class EmbeddingWork:
 
 
 class EmbeddingServing:
-    def __init__(self, config: ServingConfig, encoder: HFEncoder, batch_delay_s: float = 0.1) -> None:
+    def __init__(self, config: ServingConfig, encoder: SentenceEncoder, batch_delay_s: float = 0.1) -> None:
         self.config = config
         self.encoder = encoder
         self._longest_token_chars = longest_token_chars(encoder.tokenizer)
@@ -72,7 +72,7 @@ class EmbeddingServing:
     @classmethod
     def start(cls, config: ServingConfig, context: Any) -> EmbeddingServing:
         started = time.perf_counter()
-        encoder = load_encoder(config, context.system_properties.get("model_dir"))
+        encoder = load_encoder(config, context.system_properties.get("model_dir"), *worker_of(context))
         try:
             encoder.warmup()
         except BaseException:

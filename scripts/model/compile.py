@@ -2,7 +2,8 @@
 
 Loads the model the way a TorchServe worker does (handler/backends/neuronx.py or, with
 `backend: nxdi`, handler/backends/nxdi.py; with the `handler:` and `scheduler:` sections of
-model-config.yaml), so the artifacts and
+model-config.yaml; an encoder config, `handler.task: embed`, traces every bucket of
+handler.embed.buckets with torch_neuronx, handler/backends/encoder_neuron.py), so the artifacts and
 their manifest land where the server looks: `<checkpoint>/neuron_cache/artifacts` by
 default. The next start, and `make archive` (which ships the checkpoint folder), load them
 without compiling. Run it again after changing tp_degree, amp, n_positions, buckets or
@@ -50,8 +51,11 @@ def main(argv: Sequence[str] | None = None) -> str:
     raw = yaml.safe_load(args.config.read_text()) or {}
     raw.setdefault("handler", {})
     raw["handler"]["model_checkpoint_dir"] = str(args.model_dir.resolve())
-    raw["handler"]["backend"] = device_backend(raw["handler"].get("backend"))
-    if raw["handler"]["backend"] == "nxdi":
+    embed = raw["handler"].get("task") == "embed"
+    raw["handler"]["backend"] = "neuronx" if embed else device_backend(raw["handler"].get("backend"))
+    if embed:
+        from handler.backends.encoder_neuron import NeuronEncoder as DeviceBackend
+    elif raw["handler"]["backend"] == "nxdi":
         from handler.backends.nxdi import NxdiBackend as DeviceBackend
     else:
         from handler.backends.neuronx import NeuronxBackend as DeviceBackend

@@ -154,6 +154,28 @@ def test_auto_picks_neuronx_only_with_package_and_device(tmp_path, monkeypatch, 
     assert "backend auto: using neuronx (transformers-neuronx is installed and 1 Neuron device(s)" in caplog.text
 
 
+def test_auto_picks_neuronx_for_an_encoder_with_torch_neuronx_and_a_device(tmp_path, monkeypatch, caplog):
+    from handler.neuron.auto import choose_encoder_backend
+    from tests.support.neuron import FAKES
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    assert choose_encoder_backend(dev)[0] == "hf"
+    monkeypatch.syspath_prepend(str(FAKES))
+    assert choose_encoder_backend(dev) == ("hf", "no a Neuron device (/dev/neuron*)")
+    (dev / "neuron0").touch()
+    assert choose_encoder_backend(dev)[0] == "neuronx"
+    raw = {
+        "batchSize": 8,
+        "maxBatchDelay": 5,
+        "handler": {"task": "embed", "model_checkpoint_dir": "m", "backend": "auto"},
+    }
+    config = ServingConfig.from_model_yaml(raw)
+    with caplog.at_level(logging.INFO):
+        assert resolve_auto(config, dev).handler.backend == "neuronx"
+    assert "backend auto: using neuronx (torch-neuronx is installed and 1 Neuron device(s)" in caplog.text
+
+
 def test_worker_of_reads_torchserve_context():
     context = SimpleNamespace(system_properties={"gpu_id": 3}, model_yaml_config={"minWorkers": 2, "maxWorkers": 4})
     assert worker_of(context) == (3, 4)

@@ -79,3 +79,35 @@ def test_compile_script_precompiles_so_the_server_only_loads(checkpoint, tmp_pat
 
     assert start_backend(model_yaml).path_taken == "load"
     assert [c["mode"] for c in calls(fake_neuronx, "to_neuron")] == ["compile", "load", "load"]
+
+
+def test_compile_script_traces_an_embedding_config_so_the_server_only_loads(tiny_encoder_dir, tmp_path, fake_neuronx):
+    """make compile MODEL_CONFIG=<an embed config>: every bucket traced into <checkpoint>/neuron_cache/artifacts,
+    then a worker with compile_on_start false loads them (no trace)."""
+    from handler.backends.loader import load_encoder
+    from handler.config import ServingConfig
+
+    checkpoint = Path(shutil.copytree(tiny_encoder_dir, tmp_path / "encoder"))
+    model_yaml = yaml.safe_load((REPO / "configs" / "model-config-embed-inf2.yaml").read_text())
+    model_yaml["handler"]["embed"]["buckets"]["seq_lengths"] = [16, 64]  # the tiny encoder reads 64 tokens
+    config = tmp_path / "model-config.yaml"
+    config.write_text(yaml.safe_dump(model_yaml))
+    assert script("compile").main(["--model-dir", str(checkpoint), "--config", str(config)]) == "compile"
+    artifacts = checkpoint / "neuron_cache" / "artifacts"
+    assert sorted(p.name for p in artifacts.glob("*.pt")) == [
+        "encoder_b1_s16.pt",
+        "encoder_b1_s64.pt",
+        "encoder_b8_s16.pt",
+        "encoder_b8_s64.pt",
+    ]
+    assert script("compile").main(["--model-dir", str(checkpoint), "--config", str(config), "--no-warmup"]) == "load"
+    assert len(calls(fake_neuronx, "trace")) == 4
+
+    model_yaml["handler"]["model_checkpoint_dir"] = str(checkpoint)
+    model_yaml["handler"]["neuronx"]["compile_on_start"] = False
+    encoder = load_encoder(ServingConfig.from_model_yaml(model_yaml), None)
+    try:
+        assert encoder.path_taken == "load" and encoder.encode([[2, 5, 3]]).shape == (1, encoder.dimension)
+    finally:
+        encoder.close()
+    assert len(calls(fake_neuronx, "trace")) == 4
