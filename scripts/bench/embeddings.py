@@ -299,7 +299,7 @@ def main() -> None:
                 flush=True,
             )
 
-    started = time.perf_counter()
+    started, load_at_start = time.perf_counter(), os.getloadavg()
     print(f"in-process HFEncoder.encode, {TOKENS}-token inputs, cpu_threads 1 (before the served loads)", flush=True)
     measure_in_process()
     print(HEADER, flush=True)
@@ -349,6 +349,7 @@ def main() -> None:
         "max_batch_delay_ms": args.max_batch_delay,
         "cpu_threads": 1,
         "cpus": os.cpu_count(),
+        "loadavg_at_start": load_at_start,  # 1, 5, 15 min: other jobs on the same cores lower P13 first
         "loadavg_at_end": os.getloadavg(),
         "elapsed_s": elapsed,
         "in_process": reference,
@@ -360,6 +361,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
+    print(f"load average (1 min) {load_at_start[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     print(f"{args.out} written ({elapsed:.0f} s)")
 
 
