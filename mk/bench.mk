@@ -23,7 +23,7 @@
 # make bench-embed           the embedding archive (all-MiniLM-L6-v2, hf, cpu_threads 1) served vs HFEncoder.encode
 #                            in-process, 128-token inputs, 32 concurrent clients: P13 at batch 8 (goal >= 0.8; float
 #                            and base64 replies), batchSize 1 vs 8 (the batching gain), the idle p50;
-#                            bench_results/bench-embed.json (about 1.5 min on 2 quiet cores; scripts/bench/embeddings.py)
+#                            bench_results/bench-embed.json (about 75 s on 2 cores, 2 min when other jobs share them)
 # make bench-embed EMBED_BENCH_ARGS="--requests-per-client 16"   longer loads (steadier figures)
 BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
