@@ -20,14 +20,20 @@
 # make bench-memory          hf backend, tiny model: the worker's RSS after 300 distinct ~1 MB schemas and 100 1 MB
 #                            prompts against handler.grammar.cache_mb, and the wait behind an n-at-the-limit request;
 #                            bench_results/memory.json (about 2 min)
+# make bench-embed           the embedding archive (all-MiniLM-L6-v2, hf, cpu_threads 1) served vs HFEncoder.encode
+#                            in-process, 128-token inputs, 32 concurrent clients: P13 at batch 8 (goal >= 0.8; float
+#                            and base64 replies), batchSize 1 vs 8 (the batching gain), the idle p50;
+#                            bench_results/bench-embed.json (about 75 s on 2 cores, 2 min when other jobs share them)
+# make bench-embed EMBED_BENCH_ARGS="--requests-per-client 16"   longer loads (steadier figures)
 BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
 BENCH_LONG ?=
 BENCH_ARGS ?=
 ISOLATION_ARGS ?=
 MEMORY_ARGS ?=
+EMBED_BENCH_ARGS ?=
 
-.PHONY: bench bench-isolation bench-memory
+.PHONY: bench bench-isolation bench-memory bench-embed
 
 bench: venv model
 	$(PY) -m scripts.bench.suite --backend $(BACKEND) --profile $(BENCH_PROFILE) \
@@ -39,3 +45,5 @@ bench-isolation: venv model
 bench-memory: venv model
 	$(PY) -m scripts.bench.memory --model-dir $(TINY_MODEL_DIR) $(MEMORY_ARGS)
 
+bench-embed: venv model
+	$(PY) -m scripts.bench.embeddings --model-dir $(ENCODER_MODEL_DIR) --workdir $(BUILD)/bench-embed $(EMBED_BENCH_ARGS)

@@ -1,11 +1,14 @@
 """An embedding archive (configs/model-config-embed.yaml, `handler.task: embed`) with the real
 all-MiniLM-L6-v2 (`make model`) in a real torchserve, one server for the module: the unmodified
 `openai` client's `embeddings.create` (float, base64 and its default, which asks for base64 and
-decodes it), parity with the same checkpoint in-process, SageMaker's /invocations, the errors."""
+decodes it), parity with the same checkpoint in-process (by hand and with sentence-transformers'
+own `encode`), LangChain's `OpenAIEmbeddings` (Python 3.11+, as langchain-openai), SageMaker's
+/invocations, the errors."""
 
 from __future__ import annotations
 
 import base64
+import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +33,17 @@ TEXTS = [
     "It's so sunny outside!",
     "He drove to the stadium.",
     "Embeddings turn text into vectors that a search index can compare.",
+]
+# Parity texts: non-ASCII (accents, CJK, emoji, RTL) and long ones, up to the model's 256 tokens
+# (sentence-transformers truncates longer inputs, this server refuses them: a longer text has no common answer)
+PARITY_TEXTS = [
+    *TEXTS,
+    "Grüße aus München: das Frühstück war außergewöhnlich gut, çà et là, naïve café.",
+    "東京は日本の首都です。 Привет, мир! مرحبا بالعالم 🙂🚀",
+    "retrieval augmented generation " * 60,  # 182 tokens
+    " ".join(
+        f"sentence {i} of a long document about serving embeddings next to a chat model." for i in range(13)
+    ),  # 236 tokens
 ]
 
 
@@ -167,3 +181,97 @@ def test_sagemaker_invocations_and_the_native_route(server: TorchServe, referenc
 )
 def test_openai_client_lists_the_model(client: openai.OpenAI):
     assert [m.id for m in client.models.list()] == [MODEL]
+
+
+@pytest.fixture(scope="module")
+def sentence_transformer(minilm_dir: Path) -> Any:
+    """sentence-transformers' own model of the checkpoint, in-process (requirements-dev.txt pins it)."""
+    sentence_transformers = pytest.importorskip("sentence_transformers", reason="requirements-dev.txt installs it")
+    return sentence_transformers.SentenceTransformer(str(minilm_dir), device="cpu", local_files_only=True)
+
+
+def test_served_vectors_match_sentence_transformers_encode(client: openai.OpenAI, sentence_transformer):
+    """Parity with the library that defines this checkpoint's embeddings: cosine >= 0.9999 for every text,
+    float and base64 (8 texts: the fixture's max_inputs)."""
+    assert sentence_transformer.max_seq_length == 256  # the parity texts stay within it (see PARITY_TEXTS)
+    expected = sentence_transformer.encode(PARITY_TEXTS, convert_to_numpy=True, normalize_embeddings=False)
+    tokenizer = sentence_transformer.tokenizer
+    assert max(len(tokenizer(text)["input_ids"]) for text in PARITY_TEXTS) <= 256
+    floats = client.embeddings.create(model=MODEL, input=PARITY_TEXTS, encoding_format="float")
+    raw = client.embeddings.create(model=MODEL, input=PARITY_TEXTS, encoding_format="base64")
+    served = {
+        "float": np.asarray([d.embedding for d in floats.data], dtype=np.float32),
+        "base64": np.stack([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in raw.data]),
+    }
+    for vectors in served.values():
+        assert vectors.shape == expected.shape
+        cosines = [cosine(v, e) for v, e in zip(vectors, expected, strict=True)]
+        assert min(cosines) >= 0.9999, cosines
+        assert float(np.abs(vectors - expected).max()) < 1e-4
+
+
+def _langchain_embeddings(server: TorchServe, **kwargs: Any) -> Any:
+    langchain_openai = pytest.importorskip(
+        "langchain_openai", reason="langchain-openai is installed on Python 3.11+ only (requirements-dev.txt)"
+    )
+    key = server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")
+    return langchain_openai.OpenAIEmbeddings(
+        model=MODEL, base_url=f"{server.predictions_url}/1.0/v1", api_key=key, max_retries=0, timeout=60, **kwargs
+    )
+
+
+def test_langchain_openai_embeddings_with_text_inputs(server: TorchServe, client: openai.OpenAI, reference):
+    """What docs/embeddings.md tells LangChain users: `check_embedding_ctx_length=False` sends the texts
+    themselves; `chunk_size` at most the archive's handler.embed.max_inputs (8 here) splits 10 texts in two
+    requests. Same vectors as the openai client and the checkpoint in-process."""
+    embeddings = _langchain_embeddings(server, check_embedding_ctx_length=False, chunk_size=8)
+    texts = PARITY_TEXTS + TEXTS[:2]
+    documents = embeddings.embed_documents(texts)
+    query = embeddings.embed_query(TEXTS[0])
+    direct = client.embeddings.create(model=MODEL, input=PARITY_TEXTS, encoding_format="float").data
+    assert len(documents) == len(texts) and all(len(v) == DIMENSION for v in documents)
+    for vector, item in zip(documents, direct, strict=False):
+        assert cosine(vector, item.embedding) >= 0.99999
+    assert cosine(documents[0], query) >= 0.99999
+    assert cosine(query, reference(TEXTS[0])[0]) >= 0.9999
+
+
+def test_langchain_openai_embeddings_with_the_models_own_tokenizer(
+    server: TorchServe, minilm_dir: Path, client: openai.OpenAI
+):
+    """`tiktoken_enabled=False` with `tiktoken_model_name` naming the checkpoint's folder: LangChain splits
+    each text with the model's own tokenizer into chunks of `embedding_ctx_length` tokens, sends the chunks
+    as text (decoded: a chunk that starts inside a word starts with '##', two more tokens when the server
+    tokenizes it again, hence 250, not 254) and averages a long text's chunks. Offline; a text over the
+    model's 256 tokens is embedded (where plain text would be a 400)."""
+    embeddings = _langchain_embeddings(
+        server, tiktoken_enabled=False, tiktoken_model_name=str(minilm_dir), embedding_ctx_length=250, chunk_size=8
+    )
+    long_text = "a long document about serving embeddings. " * 80  # 800 tokens: four chunks
+    short, long = embeddings.embed_documents([TEXTS[3], long_text])
+    direct = client.embeddings.create(model=MODEL, input=TEXTS[3], encoding_format="float").data[0]
+    assert cosine(short, direct.embedding) >= 0.9999  # the chunk is the text lowercased and re-joined
+    assert len(long) == DIMENSION and abs(float(np.linalg.norm(long)) - 1) < 1e-4
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=MODEL, input=long_text)
+
+
+def test_langchain_openai_embeddings_default_needs_tiktoken_files_and_fails_before_any_request(
+    server: TorchServe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """LangChain's default (`check_embedding_ctx_length=True`) tokenizes with tiktoken's cl100k_base, whose
+    file it downloads: offline (an empty tiktoken cache, no route out) it raises before sending anything.
+    Online it would send cl100k ids, which this BERT model reads as other words: docs/embeddings.md."""
+    requests = pytest.importorskip("requests", reason="tiktoken downloads with requests")
+    sent: list[httpx.Request] = []
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))
+    with socket.socket() as closed:  # a port nothing listens on: the "network" tiktoken's download goes to
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{port}")
+    with httpx.Client(event_hooks={"request": [sent.append]}) as http:
+        embeddings = _langchain_embeddings(server, http_client=http)
+        with pytest.raises(requests.exceptions.ConnectionError):
+            embeddings.embed_documents(TEXTS[:2])
+    assert sent == []
