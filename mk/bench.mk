@@ -20,7 +20,8 @@
 # make bench-memory          hf backend, tiny model: the worker's RSS after 300 distinct ~1 MB schemas and 100 1 MB
 #                            prompts against handler.grammar.cache_mb, and the wait behind an n-at-the-limit request;
 #                            bench_results/memory.json (about 2 min)
-# make bench-embed           the embedding archive (all-MiniLM-L6-v2, hf, cpu_threads 1) served vs HFEncoder.encode
+# make bench-embed           (also the last stage of make bench; BENCH_EMBED=0 leaves it out there)
+#                            the embedding archive (all-MiniLM-L6-v2, hf, cpu_threads 1) served vs HFEncoder.encode
 #                            in-process, 128-token inputs, 32 concurrent clients: P13 at batch 8 (goal >= 0.8; float
 #                            and base64 replies), batchSize 1 vs 8 (the batching gain), the idle p50;
 #                            bench_results/bench-embed.json (about 75 s on 2 cores, 2 min when other jobs share them)
@@ -32,12 +33,15 @@ BENCH_ARGS ?=
 ISOLATION_ARGS ?=
 MEMORY_ARGS ?=
 EMBED_BENCH_ARGS ?=
+# make bench ends with bench-embed (P13); 0 leaves it out.
+BENCH_EMBED ?= 1
 
 .PHONY: bench bench-isolation bench-memory bench-embed
 
 bench: venv model
 	$(PY) -m scripts.bench.suite --backend $(BACKEND) --profile $(BENCH_PROFILE) \
 		--model-dir $(if $(filter hf,$(BACKEND)),$(REAL_MODEL_DIR),$(TINY_MODEL_DIR)) --workdir $(BUILD)/bench $(if $(BENCH_LONG),--long) $(BENCH_ARGS)
+	$(if $(filter 1,$(BENCH_EMBED)),$(MAKE) --no-print-directory bench-embed)
 
 bench-isolation: venv model
 	$(PY) -m scripts.bench.isolation --model-dir $(TINY_MODEL_DIR) --workdir $(BUILD)/bench-isolation $(ISOLATION_ARGS)
