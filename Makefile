@@ -92,6 +92,9 @@ $(TS_CONFIG): Makefile serving/local.properties
 		"allowed_urls=file://$(abspath $(MODEL_STORE))/.*" \
 		"plugins_path=$(abspath $(PLUGINS_DIR))" >> $@
 
+ifeq ($(FRONTEND),asgi)  # the ASGI frontend instead (mk/frontend.mk, docs/frontends.md)
+serve: serve-asgi
+else
 serve: archive plugins
 	@$(PY) -m scripts.serve.torchserve_compat require-secure-defaults  # token auth + model API off need TorchServe 0.12
 	$(MAKE) --no-print-directory $(TS_CONFIG) -B
@@ -110,6 +113,7 @@ serve: archive plugins
 	@echo "  curl -N -H \"Authorization: Bearer \$$($(PY) -m scripts.serve.client token)\" -H 'Content-Type: application/json' \\"
 	@echo "       -d '{\"prompt\": \"Today the weather is\", \"max_new_tokens\": 64}' http://$(HOST):$(INFERENCE_PORT)/predictions/$(MODEL_NAME)"
 	@echo "  make stop"
+endif
 
 # `make stop` drains first: new requests get 503, those in flight get DRAIN_GRACE_S seconds to
 # finish (then an in-band error); then TorchServe stops and no worker process is left behind.

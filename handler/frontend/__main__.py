@@ -30,7 +30,9 @@ KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m handler.frontend", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="model-config.yaml (the archive's own)")
-    parser.add_argument("--model-dir", type=Path, help="where a relative handler.model_checkpoint_dir lies")
+    parser.add_argument(
+        "--model-dir", type=Path, help="the checkpoint (replaces handler.model_checkpoint_dir; `make serve MODEL_DIR=`)"
+    )
     parser.add_argument("--model-name", default="model", help="the name in /predictions/<model> and /v1/models")
     parser.add_argument("--host", help="default 127.0.0.1; 0.0.0.0 with --sagemaker")
     parser.add_argument("--port", type=int, default=8080)
@@ -59,7 +61,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models load from local directories only
     raw = yaml.safe_load(args.config.read_text()) or {}
-    model = ServedModel(raw, args.model_dir or args.config.resolve().parent)
+    if args.model_dir is not None and isinstance(raw.get("handler"), dict):
+        raw["handler"] = {**raw["handler"], "model_checkpoint_dir": str(args.model_dir.resolve())}
+    # what the config names relatively (a sim profile, a relative checkpoint) lies beside it, as in an archive
+    model = ServedModel(raw, args.config.resolve().parent)
     limits = Limits(args.max_body_bytes, args.body_timeout_s)
     app = build_app(model, args.model_name, key_of(args), args.sagemaker, limits)
     host = args.host or ("0.0.0.0" if args.sagemaker else "127.0.0.1")

@@ -72,11 +72,11 @@ class AsgiFrontend:
         return self.process.returncode
 
 
-def asgi_model_config(model_config: dict[str, Any], model_dir: Path) -> dict[str, Any]:
-    """A TorchServe model-config as the ASGI frontend reads it: the checkpoint where it lies (the
-    archive's relative `model` folder is the model dir itself here), continuous scheduling."""
+def asgi_model_config(model_config: dict[str, Any]) -> dict[str, Any]:
+    """A TorchServe model-config as the ASGI frontend serves it: continuous scheduling (the checkpoint
+    is passed as --model-dir, as `make serve MODEL_DIR=` names it)."""
     config = {k: v for k, v in model_config.items() if k != "micro_batching"}
-    config["handler"] = {**model_config.get("handler", {}), "model_checkpoint_dir": str(model_dir)}
+    config["handler"] = dict(model_config.get("handler", {}))  # its checkpoint: --model-dir
     scheduler = dict(model_config.get("scheduler") or {})
     scheduler["mode"] = "continuous"
     config["scheduler"] = scheduler
@@ -96,10 +96,11 @@ def start_asgi_frontend(
 ) -> AsgiFrontend:
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "model-config.yaml"
-    config_path.write_text(yaml.safe_dump(asgi_model_config(model_config, model_dir)))
+    config_path.write_text(yaml.safe_dump(asgi_model_config(model_config)))
     port = free_port()
     command = [sys.executable, "-m", "handler.frontend", "--config", str(config_path), "--model-name", model_name]
-    command += ["--port", str(port), "--host", "127.0.0.1", "--key-file", str(workdir / "key.txt"), *extra_args]
+    command += ["--model-dir", str(model_dir), "--port", str(port), "--host", "127.0.0.1"]
+    command += ["--key-file", str(workdir / "key.txt"), *extra_args]
     if sagemaker:
         command.append("--sagemaker")
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
