@@ -132,7 +132,7 @@ def build_app(
         return JSONResponse({"status": "Unhealthy", "reason": model.unavailable().message}, status_code=503)
 
     async def prometheus(request: Request) -> Response:
-        return Response(metrics.render(model.gauges()), media_type=CONTENT_TYPE)
+        return Response(metrics.render(model.gauges(metrics)), media_type=CONTENT_TYPE)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterable
 
 from handler.core.timing import request_figures
 from handler.engine.sequence import Sequence
+from handler.engine.step_engine import StepRecord
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -36,6 +38,14 @@ class FrontendMetrics:
             if sequence.admitted_at is not None:
                 self._observe("llm_queue_wait_seconds", max(0.0, sequence.admitted_at - sequence.received_at))
             self._counters["llm_generated_tokens_total"] += figures.generated_tokens
+
+    def engine_steps(self, records: Iterable[StepRecord]) -> None:
+        with self._lock:
+            for record in records:
+                if record.prefill_s is not None:
+                    self._observe("llm_prefill_step_seconds", record.prefill_s)
+                if record.decode_s is not None:
+                    self._observe("llm_decode_step_seconds", record.decode_s)
 
     def cancelled(self) -> None:
         with self._lock:

@@ -15,6 +15,7 @@ from handler.engine.interface import Engine
 from handler.engine.step_engine import StepEngine
 from handler.errors import ConfigError, ServiceUnavailable
 from handler.frontend.bridge import EngineBridge
+from handler.frontend.metrics import FrontendMetrics
 from handler.replicas.model import ReplicatedModel
 
 logger = logging.getLogger(__name__)
@@ -68,8 +69,11 @@ class ServedModel:
             logger.exception("loading the model failed")
             self.failure = f"{type(exc).__name__}: {exc}"
 
-    def gauges(self) -> dict[str, float]:
+    def gauges(self, metrics: FrontendMetrics | None = None) -> dict[str, float]:
+        """The gauges at scrape time; the engine's step records since the last scrape go to `metrics`."""
         engine, bridge = self.engine, self.bridge
+        if engine is not None and metrics is not None:
+            metrics.engine_steps(engine.take_records())
         out = {"llm_model_ready": 1.0 if self.ready else 0.0}
         if engine is not None and bridge is not None:
             out |= {
