@@ -86,10 +86,18 @@ class EngineBridge:
             except Exception:  # a bug; keep dispatching
                 logger.exception("taking the engine's updates failed")
                 continue
-            for sequence_id, update in updates.items():
-                with self._lock:
+            deliveries = []
+            with self._lock:
+                for sequence_id, update in updates.items():
                     queue = self._queues.get(sequence_id)
                     if update.ended:
                         self._queues.pop(sequence_id, None)
-                if queue is not None:
-                    self._loop.call_soon_threadsafe(queue.put_nowait, update)
+                    if queue is not None:
+                        deliveries.append((queue, update))
+            if deliveries:  # one wake-up of the loop per step, whatever the number of streams
+                self._loop.call_soon_threadsafe(_deliver, deliveries)
+
+
+def _deliver(deliveries: list[tuple[asyncio.Queue[Update], Update]]) -> None:
+    for queue, update in deliveries:
+        queue.put_nowait(update)
