@@ -47,11 +47,12 @@ class GenerationService(GenerationCore):
         try:
             headers = _all_headers(context, index)
             url_path = context.get_request_header(index, "url_path")
+            model_name = context.model_name
         except Exception as exc:  # as the core answers an unexpected failure
             logger.exception("preprocessing request %s failed", work.request_id)
             work.error = EngineError(f"preprocessing failed: {exc}")
             return work
-        return self.prepare_request(work, url_path, context.model_name, lambda: body_of(row), headers, refusal)
+        return self.prepare_request(work, url_path, model_name, lambda: body_of(row), headers, refusal)
 
 
 def _all_headers(context: Any, index: int) -> dict[str, Any] | None:
