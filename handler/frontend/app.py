@@ -36,7 +36,7 @@ from starlette.routing import Route
 from handler.api.native import NativeApi
 from handler.core.preparation import Work
 from handler.core.timing import arrival_from_headers
-from handler.errors import InvalidRequest, ServingError, to_http
+from handler.errors import InvalidRequest, ServiceUnavailable, ServingError, to_http
 from handler.frontend.auth import BearerKey
 from handler.frontend.body import read_body
 from handler.frontend.generation import GenerationResponse
@@ -93,6 +93,15 @@ def build_app(
             return json_error(model.unavailable())
         core, bridge = model.core, model.bridge
         assert core is not None and bridge is not None
+        if bridge.in_flight >= model.max_in_flight:
+            metrics.response(metric_route, 503)
+            return json_error(
+                ServiceUnavailable(
+                    f"the server is full ({model.max_in_flight} requests in flight: batchSize + jobQueueSize); "
+                    "retry shortly",
+                    "model",
+                )
+            )
         body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
         work = Work(0, uuid.uuid4().hex, NativeApi())
         work.arrived_at = arrived

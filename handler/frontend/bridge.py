@@ -60,6 +60,7 @@ class EngineBridge:
 
     @property
     def in_flight(self) -> int:
+        """Sequences submitted and not ended (waiting for a slot or decoding)."""
         with self._lock:
             return len(self._queues)
 

@@ -20,6 +20,9 @@ from handler.replicas.model import ReplicatedModel
 
 logger = logging.getLogger(__name__)
 
+# As TorchServe's frontend: job_queue_size's default where model-config.yaml sets no jobQueueSize.
+DEFAULT_JOB_QUEUE = 100
+
 
 class ServedModel:
     def __init__(self, raw_config: dict[str, Any], model_dir: Path) -> None:
@@ -32,6 +35,10 @@ class ServedModel:
                 "micro-batching)"
             )
         self.model_dir = model_dir
+        # Requests in flight before a fast 503, as TorchServe bounds them: batchSize in the worker plus
+        # jobQueueSize queued in front of it (docs/configuration.md); an unbounded queue turns overload
+        # into timeouts.
+        self.max_in_flight = self.config.batch_size + (self.config.job_queue_size or DEFAULT_JOB_QUEUE)
         self.core: GenerationCore | None = None
         self.bridge: EngineBridge | None = None
         self.engine: Engine | None = None

@@ -11,6 +11,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -26,7 +27,13 @@ from tests.support.sse import DONE, events
 
 BODY_LIMIT = 4096
 N_SLOTS = 2
-CONFIG = {**E2E_MODEL_CONFIG, "scheduler": {"mode": "continuous", "n_slots": N_SLOTS}}
+BATCH_SIZE, JOB_QUEUE = 4, 2  # at most 6 requests in flight, then a fast 503
+CONFIG = {
+    **E2E_MODEL_CONFIG,
+    "batchSize": BATCH_SIZE,
+    "jobQueueSize": JOB_QUEUE,
+    "scheduler": {"mode": "continuous", "n_slots": N_SLOTS},
+}
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +237,41 @@ def test_a_disconnect_frees_the_slot_for_the_next_request(frontend: AsgiFrontend
         assert time.monotonic() < deadline, "the disconnects were not seen"
         time.sleep(0.2)
     assert frontend.log_text().count("cancelled by its client") >= N_SLOTS
+
+
+def test_past_batch_size_plus_job_queue_size_a_fast_503(frontend: AsgiFrontend):
+    """As TorchServe bounds its queue: batchSize + jobQueueSize requests in flight (2 decoding, 4
+    waiting for a slot), then a 503 in JSON at once; a slot freed, requests are taken again."""
+    body = {"prompt": "Once upon a time", "max_new_tokens": 600, "ignore_eos": True}
+    streams = [
+        httpx.stream("POST", frontend.predictions_url, json=body, headers=frontend.headers, timeout=60)
+        for _ in range(BATCH_SIZE + JOB_QUEUE)
+    ]
+    try:
+        for stream in streams[:N_SLOTS]:  # decoding: their first chunks came
+            response = stream.__enter__()
+            assert response.status_code == 200
+        with ThreadPoolExecutor(JOB_QUEUE + BATCH_SIZE - N_SLOTS) as pool:  # waiting: no status line yet
+            waiting = [pool.submit(stream.__enter__) for stream in streams[N_SLOTS:]]
+            deadline = time.monotonic() + 30
+            while metric(frontend, "llm_requests_waiting") < len(waiting):
+                assert time.monotonic() < deadline, "the waiting requests did not reach the engine"
+                time.sleep(0.1)
+            full = httpx.post(frontend.predictions_url, json=generate(frontend), headers=frontend.headers, timeout=30)
+            assert full.status_code == 503, full.text
+            assert full.json()["error"]["type"] == "service_unavailable"
+            streams[0].__exit__(None, None, None)  # one client leaves: its slot goes to a waiting request
+            for future in waiting:
+                future.result(timeout=60)
+    finally:
+        for stream in streams:
+            stream.__exit__(None, None, None)
+    deadline = time.monotonic() + 30
+    while metric(frontend, "llm_requests_in_flight") > 0:
+        assert time.monotonic() < deadline, "the requests were not all aborted"
+        time.sleep(0.2)
+    after = httpx.post(frontend.predictions_url, json=generate(frontend), headers=frontend.headers, timeout=60)
+    assert after.status_code == 200
 
 
 # -- lifecycle -------------------------------------------------------------------------
