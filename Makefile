@@ -114,6 +114,9 @@ define wait_for_model
 			$(MAKE) --no-print-directory stop; exit 1)
 endef
 
+ifeq ($(FRONTEND),asgi)  # the ASGI frontend instead (mk/frontend.mk, docs/frontends.md)
+serve: serve-asgi
+else
 serve: archive plugins $(if $(filter 1,$(EMBEDDER)),embedder-archive)
 	@$(PY) -m scripts.serve.torchserve_compat require-secure-defaults  # token auth + model API off need TorchServe 0.12
 	$(MAKE) --no-print-directory $(TS_CONFIG) -B
@@ -127,6 +130,7 @@ serve: archive plugins $(if $(filter 1,$(EMBEDDER)),embedder-archive)
 	@echo
 	@$(PY) -m scripts.serve.client $(CLIENT_ARGS) hints --config $(MODEL_CONFIG) \
 		$(if $(filter 1,$(EMBEDDER)),--also $(EMBEDDER_NAME)=$(EMBEDDER_CONFIG))
+endif
 
 # `make stop` drains first: new requests get 503, those in flight get DRAIN_GRACE_S seconds to
 # finish (then an in-band error); then TorchServe stops and no worker process is left behind.

@@ -1,35 +1,19 @@
-"""Checks of a request before its body is read or its prompt tokenized, from what TorchServe
-hands the handler: the body's declared form (its headers), and a prompt's length against the
-vocabulary's longest token, so that a prompt that can never fit costs nothing to refuse."""
+"""TorchServe's side of the request checks (handler/core/request_checks.py): the headers come
+from the worker's context."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from handler.api.json_tree import printable
-from handler.errors import UnsupportedMediaType
+from handler.core.request_checks import FORM_TYPES, check_body_headers, fewest_tokens, longest_token_chars
 
-FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+__all__ = ["FORM_TYPES", "check_body_form", "fewest_tokens", "longest_token_chars"]
 
 
 def check_body_form(context: Any, index: int) -> None:
-    """A body the frontend hands over in a form the handler cannot read as sent is a 415 naming the
-    header: compressed (TorchServe passes the bytes on undecoded) or form-encoded (the frontend
-    splits it into form fields, and a JSON body is lost)."""
-    headers = {str(k).lower(): v for k, v in (_all_headers(context, index) or {}).items()}
-    encoding = str(headers.get("content-encoding") or "").strip()
-    if encoding and encoding.lower() != "identity":
-        raise UnsupportedMediaType(
-            f"Content-Encoding '{printable(encoding)[:40]}' is not accepted: send the body uncompressed",
-            "Content-Encoding",
-        )
-    content_type = str(headers.get("content-type") or "").split(";")[0].strip().lower()
-    if content_type in FORM_TYPES:
-        raise UnsupportedMediaType(
-            f"Content-Type '{content_type}' is not accepted: send JSON with Content-Type: application/json "
-            "(or plain text)",
-            "Content-Type",
-        )
+    """A compressed or form-encoded body is a 415 naming the header (TorchServe passes compressed
+    bytes on undecoded and splits a form body into fields)."""
+    check_body_headers(_all_headers(context, index))
 
 
 def _all_headers(context: Any, index: int) -> dict[str, Any] | None:
@@ -37,23 +21,3 @@ def _all_headers(context: Any, index: int) -> dict[str, Any] | None:
         return context.get_all_request_header(index)
     except (AttributeError, IndexError, TypeError):  # a context without headers (tests, 0.11 re-sends)
         return None
-
-
-def longest_token_chars(tokenizer: Any) -> int | None:
-    """The most characters one token of the vocabulary stands for (its spelling in the vocabulary:
-    a byte-level token is spelt one character per byte, never fewer than the text it decodes to),
-    special tokens included; None when the tokenizer has no vocabulary to read."""
-    try:
-        vocab = tokenizer.get_vocab()
-    except Exception:  # a tokenizer without a readable vocabulary: no bound, tokenize everything
-        return None
-    return max((len(token) for token in vocab), default=None)
-
-
-def fewest_tokens(text: str, longest_token_chars: int | None) -> int:
-    """A lower bound on the tokens of `text`: no token covers more than `longest_token_chars`
-    characters. Halved, for a normalizer that drops characters before tokenizing (a refused prompt
-    must be a prompt that could never fit): tokenizing costs at most twice the longest prompt."""
-    if not longest_token_chars:
-        return 0
-    return len(text) // (2 * longest_token_chars)

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
+from handler.core.timing import REQUEST_START_HEADERS, RequestFigures, parse_request_start, request_figures
 from handler.engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -59,7 +60,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-REQUEST_START_HEADERS = ("X-Request-Start", "x-request-start")
+__all__ = [
+    "REQUEST_START_HEADERS",
+    "RequestFigures",
+    "TokenMetrics",
+    "arrival_time",
+    "parse_request_start",
+    "request_figures",
+]
 
 
 @dataclass(frozen=True)
@@ -103,50 +111,12 @@ ALL_METRICS = (
 )
 
 
-@dataclass(frozen=True)
-class RequestFigures:
-    ttft_s: float
-    itl_s: float | None
-    generated_tokens: int
-
-
-def request_figures(sequence: Sequence) -> RequestFigures | None:
-    """TTFT, mean ITL and token count of a finished sequence; None if it made no token."""
-    if sequence.first_token_at is None or sequence.completion_tokens == 0:
-        return None
-    ttft = sequence.first_token_at - sequence.received_at
-    itl = None
-    if sequence.completion_tokens > 1 and sequence.last_token_at is not None:
-        itl = (sequence.last_token_at - sequence.first_token_at) / (sequence.completion_tokens - 1)
-    return RequestFigures(ttft, itl, sequence.completion_tokens)
-
-
-def parse_request_start(value: str | None, now_wall: float | None = None) -> float | None:
-    """`X-Request-Start` as unix seconds; None when absent, malformed or implausible."""
-    if not value:
-        return None
-    text = value.strip()
-    text = text[2:] if text.startswith("t=") else text
-    try:
-        stamp = float(text)
-    except ValueError:
-        return None
-    for scale in (1.0, 1e3, 1e6):  # seconds, milliseconds, microseconds
-        seconds = stamp / scale
-        if seconds < 1e10:
-            break
-    now_wall = time.time() if now_wall is None else now_wall
-    if not now_wall - 3600 <= seconds <= now_wall + 1:  # another clock or a stale stamp: ignore
-        return None
-    return seconds
-
-
 def arrival_time(context: Any, index: int) -> float:
     """When request `index` arrived, on the `time.perf_counter()` clock."""
     now = time.perf_counter()
     try:
         for header in REQUEST_START_HEADERS:
-            wall = parse_request_start(context.get_request_header(index, header))
+            wall = parse_request_start(context.get_request_header(index, header), time.time())
             if wall is not None:
                 return now - max(0.0, time.time() - wall)
     except Exception:  # metrics must never fail a request

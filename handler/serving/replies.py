@@ -8,7 +8,18 @@ from typing import Any
 from handler.api.base import Api
 from handler.api.embeddings import EmbeddingApi
 from handler.api.json_tree import printable
+from handler.core.replies import STREAM_HEADERS, STREAMED_TYPES, wire_error
 from handler.errors import ServingError
+
+__all__ = [
+    "STREAMED_TYPES",
+    "STREAM_HEADERS",
+    "AnsweredInFull",
+    "encodable",
+    "error_reply",
+    "set_content_type",
+    "wire_error",
+]
 
 
 def error_reply(context: Any, index: int, api: Api | EmbeddingApi, error: ServingError) -> str:
@@ -26,22 +37,6 @@ def encodable(replies: list[Any]) -> list[Any]:
     ends the worker process and every stream in it. Bodies are checked on receipt
     (handler/api/json_tree.py); this is the last line, whatever a reply came to echo."""
     return [printable(r) if isinstance(r, str) and not r.isascii() else r for r in replies]
-
-
-def wire_error(api: Api, error: ServingError) -> ServingError:
-    """An error the engine raised for a sequence, its `param` in the route's words: the engine names
-    request fields by their domain names (`constraint`), a client knows them by the wire's
-    (`response_format.json_schema.schema`, `tools`, `parameters.grammar`)."""
-    if error.param is None:
-        return error
-    wired = api.wire_name(error.param)
-    return error if wired == error.param else type(error)(error.message, wired)
-
-
-STREAMED_TYPES = ("text/event-stream", "application/x-ndjson")
-# A proxy must pass every chunk on as it comes: nginx buffers a response unless told not to
-# (X-Accel-Buffering), and no cache may hold a stream back (Cache-Control).
-STREAM_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
 
 
 def set_content_type(context: Any, index: int, content_type: str) -> None:

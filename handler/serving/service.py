@@ -1,5 +1,6 @@
-"""What both scheduling modes share: the loaded backend, and turning one TorchServe
-request into a `Sequence` (or the error or reply it gets instead).
+"""What both TorchServe scheduling modes share: the loaded backend, and turning one TorchServe
+request into a `Sequence` (or the error or reply it gets instead). The context-free work is
+handler/core/preparation.py's (the ASGI frontend uses it too); this reads TorchServe's context.
 
 Every request is answered on its own: one bad request gets its 4xx, its batch-mates
 are served, and no exception escapes.
@@ -7,110 +8,35 @@ are served, and no exception escapes.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from handler import failpoints
-from handler.api import Api, route_path, select_api
-from handler.api.common import decode_body
-from handler.api.json_tree import printable
 from handler.api.native import NativeApi
 from handler.backends.base import Backend
-from handler.backends.loader import load_backend
 from handler.config import ServingConfig
-from handler.engine.sequence import Sequence
-from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError
-from handler.grammar import matchers
-from handler.grammar.compiler import ConstraintCompiler, PendingConstraint
-from handler.replicas.model import ReplicatedModel, start_replicas
-from handler.request import GenerationRequest, Limits
+from handler.core.preparation import GenerationCore, Work, choice_request, load_model
+from handler.errors import EngineError, InvalidRequest, ServingError
+from handler.replicas.model import ReplicatedModel
 from handler.serving.grpc_jobs import is_grpc
-from handler.serving.intake_checks import check_body_form, fewest_tokens, longest_token_chars
 from handler.serving.metrics import TokenMetrics, arrival_time
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class Work:
-    """One request on its way through the handler."""
-
-    index: int
-    request_id: str
-    api: Api
-    sequences: list[Sequence] = field(default_factory=list)  # every output (OpenAI `n`); none when answered at once
-    error: ServingError | None = None
-    chunks_sent: int = 0
-    final_sent: bool = False  # a streamed request's closing chunk went out as soon as it finished
-    arrived_at: float = 0.0  # perf_counter clock; see handler/serving/metrics.py
-    reply: str | None = None  # a route answered without generating (e.g. v1/models)
-    compiling: PendingConstraint | None = None  # its constraint is being compiled: not submitted yet
-    grpc: bool = False  # came through TorchServe's gRPC API: answered whole, in one reply (serving/grpc_jobs.py)
-
-    @property
-    def sequence(self) -> Sequence | None:
-        """The first (or only) output."""
-        return self.sequences[0] if self.sequences else None
+__all__ = ["GenerationService", "Work", "body_of", "choice_request", "worker_of", "workers_of"]
 
 
-class GenerationService:
-    """The backend and the per-request preparation. The backend's tokenizer is shared by every
-    thread (preprocess, the engine, the replies) without a lock: encode and decode only read it.
-    Changing its truncation or padding while another thread uses it is not safe, and nothing
-    here does (tests/unit/test_tokenizer_threads.py checks both)."""
+class GenerationService(GenerationCore):
+    """The core, plus what TorchServe's worker hands over: its context, and its custom metrics."""
 
     def __init__(self, config: ServingConfig, backend: Backend | ReplicatedModel) -> None:
-        self.config = config
-        self.backend = backend
-        handler = config.handler
-        self.limits = Limits(
-            handler.default_max_new_tokens,
-            handler.max_new_tokens,
-            handler.max_stop_strings,
-            handler.max_stop_chars,
-            handler.max_json_depth,
-        )
+        super().__init__(config, backend)
         self.token_metrics = TokenMetrics(backend.n_slots)
-        self._longest_token_chars = longest_token_chars(backend.tokenizer)
-        grammar = handler.grammar
-        matchers.configure(config.grammar_cache_bytes)
-        self.constraints = ConstraintCompiler(
-            backend.tokenizer,
-            backend.vocab_size,
-            backend.eos_token_ids,
-            grammar.compile_threads,
-            grammar.compile_timeout_s,
-            grammar.max_symbols,
-        )
 
     @classmethod
     def from_context(cls, context: Any) -> GenerationService:
-        failpoints.check_init()
         config = ServingConfig.from_model_yaml(context.model_yaml_config)
         model_dir = context.system_properties.get("model_dir")
-        started = time.perf_counter()
-        backend: Backend | ReplicatedModel
-        if config.scheduler.replicas > 1:
-            backend = start_replicas(config, model_dir, *worker_of(context))
-        else:
-            backend = load_backend(config, model_dir, *worker_of(context))
-            backend.warmup()
-        failpoints.delay_warmup()
-        # Readiness: this line is logged just before initialize() returns, and the /ping plugin
-        # (serving/plugins) says 200 only after that.
-        logger.info(
-            "backend %s ready in %.1f s (n_positions=%d, n_slots=%d, replicas=%d, scheduler=%s)",
-            backend.name,
-            time.perf_counter() - started,
-            backend.n_positions,
-            backend.n_slots,
-            config.scheduler.replicas,
-            config.scheduler.mode,
-        )
-        return cls(config, backend)
+        return cls(config, load_model(config, model_dir, *worker_of(context)))
 
     def prepare(self, index: int, row: Any, context: Any, refusal: ServingError | None = None) -> Work:
         """Parse, validate and tokenize request `index` of a TorchServe call. The body is decoded
@@ -119,190 +45,21 @@ class GenerationService:
         work.arrived_at = arrival_time(context, index)
         work.grpc = is_grpc(context, index, row)
         try:
-            check_body_form(context, index)
+            headers = _all_headers(context, index)
             url_path = context.get_request_header(index, "url_path")
-            depth = self.limits.max_json_depth
-            body = None if route_path(url_path) else decode_body(body_of(row), depth)  # no route: the body picks it
-            handler = self.config.handler
-            work.api = select_api(url_path, context.model_name, body, handler.no_route_api, handler.tool_call_parser)
-            if refusal is not None:
-                raise refusal
-            work.reply = work.api.immediate()
-            if work.reply is not None:
-                return work
-            body = decode_body(body_of(row), depth) if body is None else body
-            request = work.api.parse(body, self.limits, self.backend.tokenizer)
-            if work.grpc and request.stream:  # the frontend would drop it after its first chunk
-                request = dataclasses.replace(request, stream=False)
-            self._check_logprobs(request, work.api)
-            self._check_sampling(request, work.api)
-            self._check_output_rules(request, work.api)
-            if request.prompt_token_ids is not None:
-                prompt_ids = self._checked_token_ids(request.prompt_token_ids)
-                if not request.prompt:  # the text an echo repeats, and what logs and stop strings see
-                    text = self.backend.tokenizer.decode(prompt_ids, skip_special_tokens=True)
-                    request = dataclasses.replace(request, prompt=text)
-            else:  # a rendered chat template already holds its special tokens
-                prompt_ids = self._encoded(request, work.api)
-            self._check_length(request, len(prompt_ids), work.api)
-            work.sequences = [
-                Sequence(
-                    choice_request(request, i),
-                    list(prompt_ids),
-                    self.backend.tokenizer,
-                    self.backend.eos_token_ids,
-                    work.request_id if i == 0 else f"{work.request_id}/{i}",
-                    received_at=work.arrived_at,  # TTFT and queue wait count from receipt, before parsing
-                    choice_index=i,
-                    response_id=work.request_id,
-                )
-                for i in range(request.n)
-            ]
-            if request.constraint is not None:  # compiled off the step thread; submitted once it is
-                work.compiling = self.constraints.submit(request.constraint)
-        except ServingError as exc:
-            work.error = exc
-        except Exception as exc:
+            model_name = context.model_name
+        except Exception as exc:  # as the core answers an unexpected failure
             logger.exception("preprocessing request %s failed", work.request_id)
             work.error = EngineError(f"preprocessing failed: {exc}")
-        return work
-
-    def settle(self, work: Work, block: bool = False) -> bool:
-        """Whether the request's constraint (if any) is compiled or refused (`work.error`); with
-        `block`, wait for it within its budget."""
-        pending = work.compiling
-        if pending is None:
-            return True
-        if block:
-            pending.wait()
-        if not pending.done:
-            return False
-        work.compiling = None
-        problem = pending.problem()
-        if problem is not None:
-            param = work.api.wire_name("constraint")
-            work.error = InvalidRequest(f"{param} cannot be enforced: {problem}", param)
-            work.sequences = []
-        return True
-
-    def _encoded(self, request: GenerationRequest, api: Api) -> list[int]:
-        """The prompt's token ids; text the tokenizer refuses is the client's 400, not our 500. A
-        prompt too long to fit however it tokenizes is refused before any of it is tokenized."""
-        fewest = fewest_tokens(request.prompt, self._longest_token_chars)
-        if fewest > self.backend.n_positions:
-            param = api.wire_name("prompt")
-            raise InvalidRequest(
-                f"the prompt ({len(request.prompt)} characters, more than {fewest} tokens) is longer than the "
-                f"model's n_positions ({self.backend.n_positions})",
-                param,
-            )
-        try:
-            return self.backend.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-        except (TypeError, ValueError, UnicodeError) as exc:
-            param = api.wire_name("prompt")
-            raise InvalidRequest(f"'{param}' cannot be tokenized: {printable(str(exc))[:200]}", param) from None
-
-    def _check_logprobs(self, request: GenerationRequest, api: Api) -> None:
-        """The one place a backend's logprob capability is checked (sim has no logits; neuronx has the
-        prompt's only with output_all_logits)."""
-        wants, wants_prompt = request.logprobs is not None, request.prompt_logprobs
-        if not (wants or wants_prompt):
-            return
-        refusal = self.backend.logprobs_refusal(wants, wants_prompt)
-        if refusal is not None:
-            param = api.wire_name("prompt_logprobs" if wants_prompt else "logprobs")
-            raise InvalidRequest(f"'{param}' cannot be served: {refusal}", param)
-
-    def _check_sampling(self, request: GenerationRequest, api: Api) -> None:
-        refusal = self.backend.request_refusal(request)
-        if refusal is not None:
-            field, why = refusal
-            param = api.wire_name(field)
-            raise InvalidRequest(f"'{param}' cannot be served: {why}", param)
-
-    def _check_output_rules(self, request: GenerationRequest, api: Api) -> None:
-        """What the output may hold: token ids the request names are in the vocabulary, a constraint
-        compiles (the grammar engine's reason is the 400's), `n` > 1 has continuous batching."""
-        for field_name, ids in (
-            ("logit_bias", [t for t, _ in request.sampling.logit_bias]),
-            ("stop_token_ids", list(request.stop_token_ids)),
-        ):
-            vocab = (self.backend.vocab_size or len(self.backend.tokenizer)) if ids else 0
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                param = api.wire_name(field_name)
-                raise InvalidRequest(f"{param}: token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})", param)
-        if request.constraint is not None:
-            param = api.wire_name("constraint")
-            if request.ignore_eos:
-                raise InvalidRequest(
-                    f"ignore_eos cannot be combined with {param}: a complete output ends with EOS", "ignore_eos"
-                )
-            if self.constraints.busy:
-                raise ServiceUnavailable("too many constraints are being compiled; retry shortly", param)
-        if request.n > 1 and self.config.scheduler.mode != "continuous":
-            raise InvalidRequest("n > 1 needs scheduler.mode continuous; send n separate requests", api.wire_name("n"))
-        if request.n > self.backend.n_slots:  # its outputs would run in rounds, and hold every slot meanwhile
-            raise InvalidRequest(
-                f"n is {request.n}; this model serves at most {self.backend.n_slots} outputs of one request at once "
-                "(its slots)",
-                api.wire_name("n"),
-            )
-
-    def _checked_token_ids(self, token_ids: tuple[int, ...]) -> list[int]:
-        """A prompt given as token ids, used as is: no re-tokenizing, no special tokens added."""
-        if not token_ids:
-            raise InvalidRequest("the prompt has no token ids", "prompt")
-        vocab = self.backend.vocab_size or len(self.backend.tokenizer)
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequest(
-                f"prompt token ids {bad[:5]} are outside the model's vocabulary (0..{vocab - 1})", "prompt"
-            )
-        return list(token_ids)
-
-    def _check_length(self, request: GenerationRequest, prompt_tokens: int, api: Api) -> None:
-        n_positions = self.backend.n_positions
-        if prompt_tokens + request.max_new_tokens > n_positions:
-            param = api.wire_name("prompt" if prompt_tokens >= n_positions else "max_new_tokens")
-            raise InvalidRequest(
-                f"prompt ({prompt_tokens} tokens) + max_new_tokens ({request.max_new_tokens}) exceeds the model's "
-                f"n_positions ({n_positions}); shorten the prompt or lower max_new_tokens",
-                param,
-            )
-        longest = self.backend.max_prompt_tokens
-        if longest is not None and prompt_tokens > longest:
-            raise InvalidRequest(
-                f"the prompt has {prompt_tokens} tokens; this model was compiled for prompts of at most {longest} "
-                "tokens (its largest context bucket)",
-                "prompt",
-            )
-
-    def log_request(self, work: Work, sequence: Sequence | None = None) -> None:
-        s = sequence or work.sequence
-        ttft = (s.first_token_at - s.received_at) * 1000 if s.first_token_at else float("nan")
-        total = ((s.last_token_at or s.received_at) - s.received_at) * 1000
-        logger.info(
-            "request %s: prompt_tokens=%d completion_tokens=%d ttft_ms=%.1f total_ms=%.1f finish_reason=%s",
-            s.request_id,
-            len(s.prompt_ids),
-            s.completion_tokens,
-            ttft,
-            total,
-            s.finish_reason.value,
-        )
-
-    def close(self) -> None:
-        self.constraints.close()
-        self.backend.close()
+            return work
+        return self.prepare_request(work, url_path, model_name, lambda: body_of(row), headers, refusal)
 
 
-def choice_request(request: GenerationRequest, index: int) -> GenerationRequest:
-    """Output `index` of a request with `n` outputs: the same request, seeded with seed + index."""
-    seed = request.sampling.seed
-    if index == 0 or seed is None:
-        return request
-    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=(seed + index) % 2**63))
+def _all_headers(context: Any, index: int) -> dict[str, Any] | None:
+    try:
+        return context.get_all_request_header(index)
+    except (AttributeError, IndexError, TypeError):  # a context without headers (tests, 0.11 re-sends)
+        return None
 
 
 def worker_of(context: Any) -> tuple[int | None, int]:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
+from tests.support.asgi_frontend import ASGI, AsgiFrontend, start_asgi_frontend
 from tests.support.modes import MODES, with_mode
 from tests.support.torchserve_process import TorchServe, start_torchserve
 
@@ -28,9 +29,36 @@ E2E_MODEL_CONFIG = {
 }
 
 
-@pytest.fixture(scope="package", params=MODES)
-def server(request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    """One torchserve per scheduling mode for the e2e tests of this package; stopped even if a test fails."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ASGI frontend's parameter (tests/support/asgi_frontend.py) runs only in the route tests
+    marked `both_frontends` (a module's pytestmark or a test's), and not where a test is marked
+    `torchserve_only` (it reads TorchServe's own logs, ports or archive)."""
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        on_asgi = ASGI in (params.get("server"), params.get("container"))
+        wanted = item.get_closest_marker("both_frontends") and not item.get_closest_marker("torchserve_only")
+        (drop if on_asgi and not wanted else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="package", params=(*MODES, ASGI))
+def server(
+    request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TorchServe | AsgiFrontend]:
+    """One torchserve per scheduling mode, and the ASGI frontend, for the e2e tests of this package;
+    stopped even if a test fails."""
+    if request.param == ASGI:
+        frontend = start_asgi_frontend(
+            tmp_path_factory.mktemp("asgi"), tiny_model_dir, E2E_MODEL_CONFIG, env={FAILPOINT_ENV: FAILPOINT_MARKER}
+        )
+        try:
+            yield frontend
+        finally:
+            frontend.stop()
+        return
     workdir = tmp_path_factory.mktemp(f"torchserve-{request.param}")
     config = with_mode(E2E_MODEL_CONFIG, request.param)
     ts = start_torchserve(workdir, tiny_model_dir, config, env={FAILPOINT_ENV: FAILPOINT_MARKER})

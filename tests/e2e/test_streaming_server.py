@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e.conftest import E2E_MODEL_CONFIG, FAILPOINT_MARKER
 from tests.support.streaming import assert_first_arrived_while_generating, timed
 
 BATCH_DELAY_S = E2E_MODEL_CONFIG["maxBatchDelay"] / 1000
+pytestmark = pytest.mark.both_frontends  # and the ASGI frontend (tests/support/asgi_frontend.py)
 
 
 @dataclass

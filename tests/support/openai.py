@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from handler.inf2_handler import Inf2StreamingHandler
+from tests.support.asgi_frontend import ASGI, AsgiFrontend, start_asgi_frontend
 from tests.support.torchserve_harness import Reply, make_context, run_batch
 from tests.support.torchserve_process import TorchServe, start_torchserve
 
@@ -61,9 +62,19 @@ E2E_MODEL_CONFIG = {
 }
 
 
-@pytest.fixture(scope="package")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    """A real torchserve (token auth on) for the external-client tests; always stopped."""
+@pytest.fixture(scope="package", params=("torchserve", ASGI))
+def server(
+    request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TorchServe | AsgiFrontend]:
+    """A real torchserve (token auth on), or the ASGI frontend for the modules marked both_frontends
+    (tests/e2e/conftest.py), for the external-client tests; always stopped."""
+    if request.param == ASGI:
+        frontend = start_asgi_frontend(tmp_path_factory.mktemp("asgi-openai"), tiny_model_dir, E2E_MODEL_CONFIG)
+        try:
+            yield frontend
+        finally:
+            frontend.stop()
+        return
     ts = start_torchserve(tmp_path_factory.mktemp("torchserve-openai"), tiny_model_dir, E2E_MODEL_CONFIG)
     ts.mode = "continuous"
     try:
@@ -73,12 +84,12 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="package")
-def openai_base_url(server: TorchServe) -> str:
+def openai_base_url(server: TorchServe | AsgiFrontend) -> str:
     """Where an OpenAI client points: TorchServe passes the rest of the path as url_path."""
     return f"{server.predictions_url}/1.0/v1"
 
 
 @pytest.fixture(scope="package")
-def api_key(server: TorchServe) -> str:
+def api_key(server: TorchServe | AsgiFrontend) -> str:
     """TorchServe's inference key; any non-empty key where it has no token auth (0.11)."""
     return server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")

@@ -9,6 +9,7 @@ from huggingface_hub import InferenceClient
 
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from scripts.serve.torchserve_compat import has_secure_defaults
+from tests.support.asgi_frontend import ASGI, AsgiFrontend, start_asgi_frontend
 from tests.support.modes import MODES, with_mode
 from tests.support.torchserve_process import TorchServe, start_torchserve
 
@@ -35,9 +36,21 @@ TGI_MODEL_CONFIG = {
 }
 
 
-@pytest.fixture(scope="package", params=MODES)
-def server(request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
-    """A real torchserve (token auth on where TorchServe has it) per scheduling mode, TGI for unrouted bodies."""
+@pytest.fixture(scope="package", params=(*MODES, ASGI))
+def server(
+    request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TorchServe | AsgiFrontend]:
+    """A real torchserve (token auth on where TorchServe has it) per scheduling mode, TGI for unrouted
+    bodies; and the ASGI frontend for the modules marked both_frontends (tests/e2e/conftest.py)."""
+    if request.param == ASGI:
+        frontend = start_asgi_frontend(
+            tmp_path_factory.mktemp("asgi-tgi"), tiny_model_dir, TGI_MODEL_CONFIG, env={FAILPOINT_ENV: FAILPOINT_MARKER}
+        )
+        try:
+            yield frontend
+        finally:
+            frontend.stop()
+        return
     ts = start_torchserve(
         tmp_path_factory.mktemp(f"torchserve-tgi-{request.param}"),
         tiny_model_dir,
@@ -52,13 +65,13 @@ def server(request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="package")
-def api_key(server: TorchServe) -> str:
+def api_key(server: TorchServe | AsgiFrontend) -> str:
     """TorchServe's inference key; any non-empty key where it has no token auth (0.11)."""
     return server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")
 
 
 @pytest.fixture(scope="package")
-def generate_url(server: TorchServe) -> str:
+def generate_url(server: TorchServe | AsgiFrontend) -> str:
     return f"{server.predictions_url}/1.0/generate"
 
 

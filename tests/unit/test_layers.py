@@ -4,6 +4,8 @@ inside functions included, so that a change cannot break a rule quietly."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,16 @@ RULES = [
         "grammars know tokenizers and token ids: no wire, no backend, no config, no sampler",
     ),
     (("handler.request", "handler.errors", "handler.failpoints"), ("handler",), "the domain types stand alone"),
+    (
+        ("handler.core",),
+        ("handler.serving", "handler.frontend", "handler.inf2_handler"),
+        "the serving core both frontends share knows neither frontend",
+    ),
+    (
+        ("handler.frontend",),
+        ("handler.serving", "handler.inf2_handler"),
+        "the ASGI frontend uses the wire formats, the engine and the core, never the TorchServe adapter",
+    ),
 ]
 
 
@@ -111,6 +123,27 @@ def test_only_the_adapter_imports_torchserve() -> None:
         if within(name, ("ts",))
     ]
     assert not broken, "`ts` only in serving/ and inf2_handler.py: " + "; ".join(broken)
+
+
+def test_nothing_imports_the_asgi_frontend() -> None:
+    broken = [
+        f"{module} imports {name}"
+        for module, names in MODULES.items()
+        if not within(module, ("handler.frontend",))
+        for name in sorted(names)
+        if within(name, ("handler.frontend",))
+    ]
+    assert not broken, "the ASGI frontend is an entry point, not a library: " + "; ".join(broken)
+
+
+def test_the_asgi_frontend_loads_no_torchserve() -> None:
+    """At run time too: the modules it imports pull in no `ts` (a TorchServe import hidden a level down)."""
+    code = (
+        "import sys, handler.frontend.app, handler.frontend.__main__; "
+        "print(sorted(m for m in sys.modules if m == 'ts' or m.startswith('ts.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=HANDLER.parent, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_handler_holds_few_loose_modules() -> None:

@@ -19,6 +19,7 @@ from tests.support.openai import E2E_MODEL_CONFIG
 from tests.support.sse import DONE, events
 from tests.support.streaming import assert_first_arrived_while_generating, timed
 
+pytestmark = pytest.mark.both_frontends  # and the ASGI frontend (tests/support/asgi_frontend.py)
 BATCH_DELAY_S = E2E_MODEL_CONFIG["maxBatchDelay"] / 1000
 STREAM_TOKENS = 200  # generating them takes well over the batch delay: buffering could not pass as streaming
 
@@ -111,6 +112,7 @@ def test_curl_style_sse_stream(server, openai_base_url: str):
     assert_first_arrived_while_generating(started, [at for at, _ in arrivals], BATCH_DELAY_S)
 
 
+@pytest.mark.torchserve_only
 @pytest.mark.timeout(600)  # installs guidellm's venv first when `make guidellm` has not (about a minute)
 def test_guidellm_benchmark_has_no_failed_requests(server, api_key: str, tiny_model_dir: Path, tmp_path: Path):
     report = tmp_path / "guidellm.json"

@@ -22,10 +22,12 @@ from scripts.sagemaker.stream import http_payloads, request_body, stream_text
 from tests.support.sagemaker_container import CONTAINER_MODEL_CONFIG, start_container
 from tests.support.sse import DONE, events
 
+pytestmark = pytest.mark.both_frontends  # and the ASGI frontend (tests/support/asgi_frontend.py)
 TORCHSERVE = Version(version("torchserve"))
 STREAM_TOKENS = 200  # enough steps that generating them outlasts a network read
 
 
+@pytest.mark.torchserve_only
 def test_torchserve_reads_the_archive_properties_not_the_toolkit_file(container):
     log = container.log_text("ts_log.log")
     assert f"Config file: {container.workdir / PROPERTIES_NAME}" in log
@@ -36,6 +38,8 @@ def test_ping_needs_no_token(container):
     response = httpx.get(f"{container.url}/ping", timeout=10)
     assert response.status_code == 200
     assert response.json()["status"] == "Healthy"
+    if getattr(container, "frontend", "torchserve") != "torchserve":
+        return  # the ASGI frontend answers /ping itself, open in SageMaker mode
     # answered by the readiness plugin from the model folder's plugins/ (serving/plugins)
     assert "Loading plugin for endpoint ping" in container.log_text("ts_log.log")
 
@@ -116,6 +120,7 @@ def test_openai_body_on_invocations_streams_sse(container):
     assert parsed[-1] == DONE and parsed[-2]["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.torchserve_only
 @pytest.mark.skipif(
     TORCHSERVE < Version("0.12"), reason="TorchServe 0.11 passes no url_path: only the body's shape picks the route"
 )
@@ -128,6 +133,7 @@ def test_openai_route_serves_undecoded_bodies(container):
     assert parsed[-1] == DONE and parsed[-2]["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.torchserve_only
 @pytest.mark.parametrize("archive_url", ["https://example.com/models/evil.mar", "file:///tmp/evil.mar"])
 def test_model_registration_over_http_is_refused(container, archive_url):
     """0.12+: the model API is off (enable_model_api=false), so 405 before anything else.

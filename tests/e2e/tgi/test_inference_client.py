@@ -16,6 +16,7 @@ from tests.support.modes import with_mode
 from tests.support.streaming import assert_first_arrived_while_generating, timed
 from tests.support.tgi import FAILPOINT_MARKER, HAS_URL_PATH, TGI_MODEL_CONFIG
 
+pytestmark = pytest.mark.both_frontends  # and the ASGI frontend (tests/support/asgi_frontend.py)
 PROMPT = "Once upon a time"
 
 

@@ -25,6 +25,9 @@ DLC_PROVIDED = {
 NEVER = {"torch", "torch-neuronx", "transformers-neuronx", "torchserve", "torch-model-archiver", "neuronx-cc"}
 # distribution -> the import names it brings (pydantic pins pydantic-core exactly; pip bundles both)
 IMPORT_NAMES = {"pydantic": {"pydantic", "pydantic_core"}}
+# Not run by TorchServe from the archive: the ASGI frontend runs in the serving venv (requirements.txt
+# pins uvicorn and starlette), docs/frontends.md.
+NOT_IN_THE_ARCHIVES_RUN = ("frontend",)
 
 
 def requirements() -> list[Requirement]:
@@ -35,6 +38,8 @@ def requirements() -> list[Requirement]:
 def third_party_imports() -> set[str]:
     found = set()
     for path in (REPO / "handler").rglob("*.py"):
+        if path.relative_to(REPO / "handler").parts[0] in NOT_IN_THE_ARCHIVES_RUN:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found.update(alias.name.split(".")[0] for alias in node.names)

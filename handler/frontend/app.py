@@ -1,0 +1,189 @@
+"""The ASGI application: the package's routes over the same wire formats as the TorchServe
+archive (handler/api/), secure by default (docs/frontends.md).
+
+Routes                                          method     wire format
+/predictions/<model>[/<version>]                POST       native NDJSON, or by the body's shape
+/predictions/<model>/<version>/<route>          POST, GET  the route after the version, as on TorchServe
+/v1/completions, /v1/chat/completions           POST       OpenAI
+/v1/models[/<id>]                               GET        OpenAI model listing
+/generate, /generate_stream                     POST       TGI
+/invocations                                    POST       by the body's shape (SageMaker)
+/ping                                           GET        200 once the model serves, 503 before
+/metrics                                        GET        Prometheus text
+
+Every route needs `Authorization: Bearer <key>` (401 otherwise), except `/ping` and
+`/invocations` in SageMaker mode (the platform authenticates its callers, and its health check
+sends no key). Other methods are a 405, unknown paths a 404, a body over the limit a 413, a
+body that arrives too slowly a 408: all JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from handler.api.native import NativeApi
+from handler.core.preparation import Work
+from handler.core.timing import arrival_from_headers
+from handler.errors import InvalidRequest, ServiceUnavailable, ServingError, to_http
+from handler.frontend.auth import BearerKey
+from handler.frontend.body import read_body
+from handler.frontend.generation import GenerationResponse
+from handler.frontend.http_errors import Unauthorized, status_error
+from handler.frontend.metrics import CONTENT_TYPE, FrontendMetrics
+from handler.frontend.model import ServedModel
+
+GET_ROUTES = ("v1/models",)  # routes answered without a body: GET (POST too, as TorchServe takes it)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 6_553_500  # TorchServe's max_request_size default
+    body_timeout_s: float = 30.0  # the whole body must arrive within this
+
+
+def json_error(error: ServingError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(to_http(error).body, status_code=error.status, headers=headers)
+
+
+class KeyCheck:
+    """ASGI middleware: the bearer key on every HTTP request but the open paths, before routing
+    (an unknown path without a key is a 401, not a 404: nothing is told to a caller without it)."""
+
+    def __init__(self, app: Any, key: BearerKey | None, open_paths: frozenset[str]) -> None:
+        self.app = app
+        self.key = key
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self.key is None or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+        if self.key.accepts(authorization):
+            await self.app(scope, receive, send)
+            return
+        why = "missing" if authorization is None else "wrong"
+        error = Unauthorized(f"the API key is {why}: send Authorization: Bearer <key>", "Authorization")
+        await json_error(error, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+
+
+def build_app(
+    model: ServedModel, model_name: str, key: BearerKey | None, sagemaker: bool = False, limits: Limits = Limits()
+) -> Any:
+    metrics = FrontendMetrics()
+
+    async def generation(request: Request, route: str, metric_route: str) -> Any:
+        arrived = arrival_from_headers(request.headers)
+        if request.method == "GET" and not route.startswith(GET_ROUTES):
+            raise status_error(405, f"{request.url.path} takes POST")
+        if not model.ready:
+            metrics.response(metric_route, 503)
+            return json_error(model.unavailable())
+        core, bridge = model.core, model.bridge
+        assert core is not None and bridge is not None
+        if bridge.in_flight >= model.max_in_flight:
+            metrics.response(metric_route, 503)
+            return json_error(
+                ServiceUnavailable(
+                    f"the server is full ({model.max_in_flight} requests in flight: batchSize + jobQueueSize); "
+                    "retry shortly",
+                    "model",
+                )
+            )
+        body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+        work = Work(0, uuid.uuid4().hex, NativeApi())
+        work.arrived_at = arrived
+        headers = dict(request.headers)
+
+        def read() -> bytes:
+            if not body:
+                raise InvalidRequest("the request has no body", "body")
+            return body
+
+        work = await asyncio.to_thread(core.prepare_request, work, route, model_name, read, headers)
+        return GenerationResponse(core, bridge, metrics, work, metric_route)
+
+    def _check_model(request: Request) -> None:
+        name = request.path_params["model"]
+        if name != model_name:
+            raise status_error(404, f"model '{name}' not found; this server serves '{model_name}'")
+
+    async def predictions(request: Request) -> Any:
+        _check_model(request)
+        return await generation(request, request.path_params.get("route", ""), "predictions")
+
+    async def openai(request: Request) -> Any:
+        route = "v1/" + request.path_params["route"]
+        return await generation(request, route, route if not route.startswith("v1/models") else "v1/models")
+
+    async def tgi(request: Request) -> Any:
+        route = request.url.path.strip("/")
+        return await generation(request, route, route)
+
+    async def invocations(request: Request) -> Any:
+        return await generation(request, "", "invocations")
+
+    async def ping(request: Request) -> Response:
+        if model.ready:
+            return JSONResponse({"status": "Healthy"})
+        return JSONResponse({"status": "Unhealthy", "reason": model.unavailable().message}, status_code=503)
+
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.render(model.gauges(metrics)), media_type=CONTENT_TYPE)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        error = status_error(exc.status_code, None if exc.detail == _phrase(exc.status_code) else exc.detail)
+        return json_error(error, dict(exc.headers or {}))
+
+    async def serving_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ServingError)
+        headers = {"Allow": "GET, POST"} if exc.status == 405 else None
+        if exc.status in (408, 413):  # the rest of the body is not read: the connection cannot carry another request
+            headers = {"Connection": "close"}
+        return json_error(exc, headers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        model.start_loading(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(model.close)
+
+    routes = [
+        Route("/predictions/{model}", predictions, methods=["POST"]),
+        Route("/predictions/{model}/{version}", predictions, methods=["POST"]),
+        Route("/predictions/{model}/{version}/{route:path}", predictions, methods=["GET", "POST"]),
+        Route("/v1/{route:path}", openai, methods=["GET", "POST"]),
+        Route("/generate", tgi, methods=["POST"]),
+        Route("/generate_stream", tgi, methods=["POST"]),
+        Route("/invocations", invocations, methods=["POST"]),
+        Route("/ping", ping, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: http_error, ServingError: serving_error},
+        lifespan=lifespan,
+    )
+    app.state.model = model
+    app.state.metrics = metrics
+    open_paths = frozenset({"/ping", "/invocations"}) if sagemaker else frozenset()
+    return KeyCheck(app, key, open_paths)
+
+
+def _phrase(status: int) -> str:
+    return HTTPStatus(status).phrase

@@ -1,0 +1,136 @@
+"""A real ASGI frontend (`python -m handler.frontend`: uvicorn in a subprocess, real HTTP) with
+the surface of scripts/serve/local_torchserve.py's `TorchServe` that the route tests and the
+benchmarks use (url, predictions_url, headers, model_name, mode, log_text, stop), so one test
+runs against both frontends (tests/support/asgi_frontend.py; tests/e2e/conftest.py keeps only the
+modules marked `both_frontends`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from scripts.serve.local_torchserve import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+ASGI = "asgi"
+READY_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 40  # uvicorn's drain (25 s at most) and the model's release
+
+
+@dataclass
+class AsgiFrontend:
+    workdir: Path
+    model_name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    sagemaker: bool = False
+    mode: str = "continuous"
+    frontend: str = ASGI
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def predictions_url(self) -> str:
+        return f"{self.url}/predictions/{self.model_name}"
+
+    @property
+    def key_file(self) -> Path:
+        return self.workdir / "key.txt"
+
+    @property
+    def key(self) -> str:
+        return self.key_file.read_text().strip()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def log_text(self, name: str = "frontend.log") -> str:
+        path = self.workdir / "frontend.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> int | None:
+        """SIGTERM (as SageMaker and systemd stop it), then wait; its exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+
+def asgi_model_config(model_config: dict[str, Any]) -> dict[str, Any]:
+    """A TorchServe model-config as the ASGI frontend serves it: continuous scheduling (the checkpoint
+    is passed as --model-dir, as `make serve MODEL_DIR=` names it)."""
+    config = {k: v for k, v in model_config.items() if k != "micro_batching"}
+    config["handler"] = dict(model_config.get("handler", {}))  # its checkpoint: --model-dir
+    scheduler = dict(model_config.get("scheduler") or {})
+    scheduler["mode"] = "continuous"
+    config["scheduler"] = scheduler
+    config["continuousBatching"] = True
+    return config
+
+
+def start_asgi_frontend(
+    workdir: Path,
+    model_dir: Path,
+    model_config: dict[str, Any],
+    env: dict[str, str] | None = None,
+    model_name: str = "llama",
+    sagemaker: bool = False,
+    extra_args: tuple[str, ...] = (),
+    wait: bool = True,
+) -> AsgiFrontend:
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / "model-config.yaml"
+    config_path.write_text(yaml.safe_dump(asgi_model_config(model_config)))
+    port = free_port()
+    command = [sys.executable, "-m", "handler.frontend", "--config", str(config_path), "--model-name", model_name]
+    command += ["--model-dir", str(model_dir), "--port", str(port), "--host", "127.0.0.1"]
+    command += ["--key-file", str(workdir / "key.txt"), *extra_args]
+    if sagemaker:
+        command.append("--sagemaker")
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    with open(workdir / "frontend.log", "wb") as log:
+        process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    server = AsgiFrontend(workdir, model_name, port, process, sagemaker, env=dict(env or {}))
+    if wait:
+        try:
+            wait_ready(server)
+        except BaseException:
+            server.stop()
+            raise
+    return server
+
+
+def wait_ready(server: AsgiFrontend, timeout: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            break
+        try:
+            headers = server.headers if server.key_file.exists() else {}
+            response = httpx.get(f"{server.url}/ping", headers=headers, timeout=5)
+            if response.status_code == 200:
+                return
+            last = f"{response.status_code} {response.text[:200]}"
+        except (httpx.HTTPError, OSError) as exc:
+            last = repr(exc)
+        time.sleep(0.3)
+    tail = "\n".join(server.log_text().splitlines()[-40:])
+    raise RuntimeError(f"the ASGI frontend did not become ready ({last}):\n{tail}")
