@@ -19,6 +19,7 @@ import yaml
 
 from handler.frontend.app import Limits, build_app
 from handler.frontend.auth import KEY_ENV, BearerKey
+from handler.frontend.embedding import ServedEmbedder
 from handler.frontend.model import ServedModel
 
 DEFAULT_KEY_FILE = Path("frontend-key.txt")
@@ -64,7 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.model_dir is not None and isinstance(raw.get("handler"), dict):
         raw["handler"] = {**raw["handler"], "model_checkpoint_dir": str(args.model_dir.resolve())}
     # what the config names relatively (a sim profile, a relative checkpoint) lies beside it, as in an archive
-    model = ServedModel(raw, args.config.resolve().parent)
+    handler_section = raw.get("handler") if isinstance(raw.get("handler"), dict) else {}
+    if handler_section.get("task") == "embed":
+        model: ServedModel | ServedEmbedder = ServedEmbedder(raw, args.config.resolve().parent, args.model_name)
+    else:
+        model = ServedModel(raw, args.config.resolve().parent)
     limits = Limits(args.max_body_bytes, args.body_timeout_s)
     app = build_app(model, args.model_name, key_of(args), args.sagemaker, limits)
     host = args.host or ("0.0.0.0" if args.sagemaker else "127.0.0.1")

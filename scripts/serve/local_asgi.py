@@ -75,7 +75,10 @@ class AsgiFrontend:
 
 def asgi_model_config(model_config: dict[str, Any]) -> dict[str, Any]:
     """A TorchServe model-config as the ASGI frontend serves it: continuous scheduling (the checkpoint
-    is passed as --model-dir, as `make serve MODEL_DIR=` names it)."""
+    is passed as --model-dir, as `make serve MODEL_DIR=` names it). An embedding archive's config
+    (`handler.task: embed`: classic batching) is served as it is."""
+    if (model_config.get("handler") or {}).get("task") == "embed":
+        return dict(model_config)
     config = {k: v for k, v in model_config.items() if k != "micro_batching"}
     config["handler"] = dict(model_config.get("handler", {}))  # its checkpoint: --model-dir
     scheduler = dict(model_config.get("scheduler") or {})
