@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from handler.api.embeddings import EmbeddingApi, FeatureExtractionApi
 from handler.api.json_tree import printable
 from handler.api.openai import ModelsApi
 from handler.backends.encoder_base import SentenceEncoder
+from handler.backends.loader import load_encoder
 from handler.config import ServingConfig
 from handler.core.request_checks import fewest_tokens, longest_token_chars
 from handler.errors import EngineError, InvalidRequest, ServingError
@@ -170,6 +172,28 @@ class EmbeddingCore:
         tokens = sum(len(ids) for ids in work.token_ids)
         logger.info("request %s: inputs=%d prompt_tokens=%d", work.request_id, len(work.token_ids), tokens)
         return work.api.reply(work.request, work.vectors, tokens)
+
+
+def load_warm_encoder(
+    config: ServingConfig, model_dir: str | Path | None, gpu_id: int | None = None, workers: int = 1
+) -> SentenceEncoder:
+    """The archive's encoder, loaded and warmed up (closed again if warm-up fails); `gpu_id` and
+    `workers` place a Neuron encoder on its NeuronCore (TorchServe's worker; None and 1 elsewhere)."""
+    started = time.perf_counter()
+    encoder = load_encoder(config, model_dir, gpu_id, workers)
+    try:
+        encoder.warmup()
+    except BaseException:
+        encoder.close()
+        raise
+    logger.info(
+        "encoder %s ready in %.1f s (dimension=%d, max_length=%d, task=embed)",
+        encoder.name,
+        time.perf_counter() - started,
+        encoder.dimension,
+        encoder.max_length,
+    )
+    return encoder
 
 
 def error_answer(work: EmbeddingWork) -> tuple[int, str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +16,8 @@ from typing import Any
 
 from handler.api.embeddings import FeatureExtractionApi
 from handler.backends.encoder_base import SentenceEncoder
-from handler.backends.loader import load_encoder
 from handler.config import ServingConfig
-from handler.core.embedding import EmbeddingCore, EmbeddingWork, error_answer
+from handler.core.embedding import EmbeddingCore, EmbeddingWork, error_answer, load_warm_encoder
 from handler.errors import EngineError, ServiceUnavailable
 from handler.frontend.metrics import FrontendMetrics
 
@@ -153,19 +151,8 @@ class ServedEmbedder:
 
     def _load(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
-            started = time.perf_counter()
-            encoder = load_encoder(self.config, str(self.model_dir))
-            self.encoder = encoder
-            encoder.warmup()
-            core = EmbeddingCore(self.config, encoder)
-            logger.info(
-                "encoder %s ready in %.1f s (dimension=%d, max_length=%d, task=embed)",
-                encoder.name,
-                time.perf_counter() - started,
-                encoder.dimension,
-                encoder.max_length,
-            )
-            loop.call_soon_threadsafe(self._serve, core)
+            self.encoder = load_warm_encoder(self.config, str(self.model_dir))
+            loop.call_soon_threadsafe(self._serve, EmbeddingCore(self.config, self.encoder))
         except Exception as exc:
             logger.exception("loading the encoder failed")
             self.failure = f"{type(exc).__name__}: {exc}"

@@ -19,14 +19,12 @@ idle for maxBatchDelay (the frontend may still hand it what queued meanwhile).
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from handler.api.embeddings import FeatureExtractionApi
 from handler.backends.encoder_base import SentenceEncoder
-from handler.backends.loader import load_encoder
 from handler.config import ServingConfig
-from handler.core.embedding import EmbeddingCore, EmbeddingWork
+from handler.core.embedding import EmbeddingCore, EmbeddingWork, load_warm_encoder
 from handler.errors import EngineError
 from handler.serving import drain
 from handler.serving.grpc_jobs import end_grpc_reply, is_grpc
@@ -51,20 +49,7 @@ class EmbeddingServing:
 
     @classmethod
     def start(cls, config: ServingConfig, context: Any) -> EmbeddingServing:
-        started = time.perf_counter()
-        encoder = load_encoder(config, context.system_properties.get("model_dir"), *worker_of(context))
-        try:
-            encoder.warmup()
-        except BaseException:
-            encoder.close()
-            raise
-        logger.info(
-            "encoder %s ready in %.1f s (dimension=%d, max_length=%d, task=embed)",
-            encoder.name,
-            time.perf_counter() - started,
-            encoder.dimension,
-            encoder.max_length,
-        )
+        encoder = load_warm_encoder(config, context.system_properties.get("model_dir"), *worker_of(context))
         return cls(config, encoder, batch_delay_s(context))
 
     def handle(self, data: list[Any], context: Any) -> list[str]:
