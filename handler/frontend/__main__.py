@@ -4,7 +4,8 @@ the ASGI frontend on uvicorn (docs/frontends.md).
 Binds 127.0.0.1 (0.0.0.0 with --sagemaker: the container's port 8080 must be reachable). The key:
 --key-file (written with a fresh key when absent), else $INF2_API_KEY, else ./frontend-key.txt
 (written when absent); --no-auth only behind a proxy that authenticates. SIGTERM: uvicorn stops
-accepting, the streams in flight run on for up to --drain-s, then the model is released.
+SIGTERM: new requests get a 503 (`the server is draining`), the ones in flight (streams included) run on
+for up to --drain-s, then uvicorn stops and the model is released (handler/frontend/drain.py).
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import yaml
 
 from handler.frontend.app import Limits, build_app
 from handler.frontend.auth import KEY_ENV, BearerKey
+from handler.frontend.drain import Drain, DrainGate, DrainingServer
+from handler.frontend.embedding import ServedEmbedder
 from handler.frontend.model import ServedModel
 
 DEFAULT_KEY_FILE = Path("frontend-key.txt")
 # SageMaker sends SIGTERM and kills the container 30 s later: the streams get most of that.
 DRAIN_S = 25.0
+GRACE_S = 3  # after the drain: uvicorn's graceful shutdown, then what still runs is cancelled
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this
 
 
@@ -64,12 +68,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.model_dir is not None and isinstance(raw.get("handler"), dict):
         raw["handler"] = {**raw["handler"], "model_checkpoint_dir": str(args.model_dir.resolve())}
     # what the config names relatively (a sim profile, a relative checkpoint) lies beside it, as in an archive
-    model = ServedModel(raw, args.config.resolve().parent)
+    handler_section = raw.get("handler") if isinstance(raw.get("handler"), dict) else {}
+    if handler_section.get("task") == "embed":
+        model: ServedModel | ServedEmbedder = ServedEmbedder(raw, args.config.resolve().parent, args.model_name)
+    else:
+        model = ServedModel(raw, args.config.resolve().parent)
     limits = Limits(args.max_body_bytes, args.body_timeout_s)
     app = build_app(model, args.model_name, key_of(args), args.sagemaker, limits)
     host = args.host or ("0.0.0.0" if args.sagemaker else "127.0.0.1")
-    uvicorn.run(
-        app,
+    drain = Drain(args.drain_s)
+    config = uvicorn.Config(
+        DrainGate(app, drain),
         host=host,
         port=args.port,
         http="h11",
@@ -77,10 +86,11 @@ def main(argv: list[str] | None = None) -> None:
         server_header=False,
         date_header=True,
         timeout_keep_alive=KEEP_ALIVE_S,
-        timeout_graceful_shutdown=int(args.drain_s),
+        timeout_graceful_shutdown=GRACE_S,
         log_level=args.log_level,
         access_log=False,
     )
+    DrainingServer(config, drain).run()
 
 
 if __name__ == "__main__":

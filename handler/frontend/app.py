@@ -39,6 +39,7 @@ from handler.core.timing import arrival_from_headers
 from handler.errors import InvalidRequest, ServiceUnavailable, ServingError, to_http
 from handler.frontend.auth import BearerKey
 from handler.frontend.body import read_body
+from handler.frontend.embedding import ServedEmbedder
 from handler.frontend.generation import GenerationResponse
 from handler.frontend.http_errors import Unauthorized, status_error
 from handler.frontend.metrics import CONTENT_TYPE, FrontendMetrics
@@ -80,14 +81,35 @@ class KeyCheck:
 
 
 def build_app(
-    model: ServedModel, model_name: str, key: BearerKey | None, sagemaker: bool = False, limits: Limits = Limits()
+    model: ServedModel | ServedEmbedder,
+    model_name: str,
+    key: BearerKey | None,
+    sagemaker: bool = False,
+    limits: Limits = Limits(),
 ) -> Any:
     metrics = FrontendMetrics()
+
+    async def embedding(request: Request, route: str, metric_route: str) -> Response:
+        """An embedding archive's route: one request into the batcher (handler/frontend/embedding.py)."""
+        assert isinstance(model, ServedEmbedder)
+        batcher = model.batcher
+        if batcher is None:
+            metrics.response(metric_route, 503)
+            return json_error(model.unavailable())
+        if batcher.in_flight >= model.max_in_flight:
+            metrics.response(metric_route, 503)
+            return json_error(full(model.max_in_flight))
+        body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+        answer = await batcher.submit(route, body, uuid.uuid4().hex)
+        metrics.response(metric_route, answer.status)
+        return Response(answer.body, status_code=answer.status, media_type="application/json")
 
     async def generation(request: Request, route: str, metric_route: str) -> Any:
         arrived = arrival_from_headers(request.headers)
         if request.method == "GET" and not route.startswith(GET_ROUTES):
             raise status_error(405, f"{request.url.path} takes POST")
+        if isinstance(model, ServedEmbedder):
+            return await embedding(request, route, metric_route)
         if not model.ready:
             metrics.response(metric_route, 503)
             return json_error(model.unavailable())
@@ -95,13 +117,7 @@ def build_app(
         assert core is not None and bridge is not None
         if bridge.in_flight >= model.max_in_flight:
             metrics.response(metric_route, 503)
-            return json_error(
-                ServiceUnavailable(
-                    f"the server is full ({model.max_in_flight} requests in flight: batchSize + jobQueueSize); "
-                    "retry shortly",
-                    "model",
-                )
-            )
+            return json_error(full(model.max_in_flight))
         body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
         work = Work(0, uuid.uuid4().hex, NativeApi())
         work.arrived_at = arrived
@@ -161,6 +177,8 @@ def build_app(
         try:
             yield
         finally:
+            if isinstance(model, ServedEmbedder):
+                await model.stop()
             await asyncio.to_thread(model.close)
 
     routes = [
@@ -183,6 +201,12 @@ def build_app(
     app.state.metrics = metrics
     open_paths = frozenset({"/ping", "/invocations"}) if sagemaker else frozenset()
     return KeyCheck(app, key, open_paths)
+
+
+def full(max_in_flight: int) -> ServiceUnavailable:
+    return ServiceUnavailable(
+        f"the server is full ({max_in_flight} requests in flight: batchSize + jobQueueSize); retry shortly", "model"
+    )
 
 
 def _phrase(status: int) -> str:

@@ -28,7 +28,7 @@ class ServedModel:
     def __init__(self, raw_config: dict[str, Any], model_dir: Path) -> None:
         self.config = ServingConfig.from_model_yaml(raw_config)
         if self.config.handler.task != "generate":
-            raise ConfigError("the ASGI frontend serves handler.task generate; embeddings are served by TorchServe")
+            raise ConfigError("ServedModel serves handler.task generate; embed is handler/frontend/embedding.py's")
         if self.config.scheduler.mode != "continuous":
             raise ConfigError(
                 "the ASGI frontend runs the step engine: scheduler.mode must be continuous (static is TorchServe's "

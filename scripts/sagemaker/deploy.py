@@ -8,6 +8,10 @@ sagemaker.properties (TS_CONFIG_FILE). The knobs are the seed deployment's: volu
 model data download timeout, container startup health check timeout, instance count;
 target-tracking autoscaling is optional.
 
+--frontend asgi deploys the ASGI frontend instead (docs/frontends.md, "SageMaker bring your own
+container"): the user's own image built from docker/Dockerfile.asgi (--image-uri, required), which
+runs `serve` on the same model data with no TorchServe; its container needs no TS_CONFIG_FILE.
+
 With --wait it returns once the model answers: InService alone is not enough, because
 TorchServe 0.11's /ping says Healthy before the worker has loaded the model, so it then
 sends a 1-token request to the endpoint until one is answered.
@@ -113,6 +117,15 @@ RETRYABLE_ERRORS = {
     "ThrottlingException",
 }
 NETWORK_ERRORS = (ReadTimeoutError, ConnectTimeoutError, EndpointConnectionError, ConnectionClosedError)
+
+
+FRONTENDS = ("torchserve", "asgi")
+
+
+def asgi_environment() -> dict[str, str]:
+    """The container environment of a --frontend asgi image (handler/frontend/sagemaker.py reads
+    /opt/ml/model/model-config.yaml itself): weights from the model data only."""
+    return {"HF_HUB_OFFLINE": "1"}
 
 
 class DeployError(RuntimeError):
@@ -429,6 +442,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         + ", ".join(f"{dlc.backend} {dlc.tag}" for dlc in DLCS.values()),
     )
     parser.add_argument(
+        "--frontend",
+        choices=FRONTENDS,
+        default="torchserve",
+        help="torchserve (the DLC) or asgi: your image from docker/Dockerfile.asgi, given with --image-uri",
+    )
+    parser.add_argument(
         "--backend",
         choices=sorted(DLCS),
         default=None,
@@ -463,6 +482,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def deployment_from_args(args: argparse.Namespace, region: str, backend: str | None = None) -> Deployment:
     """`backend`: handler.backend as read from the model data, for the default image (--backend wins)."""
     scaling = Autoscaling(args.autoscale_min, args.autoscale_max, args.autoscale_target) if args.autoscale_max else None
+    asgi = getattr(args, "frontend", "torchserve") == "asgi"
+    if asgi and not args.image_uri:
+        raise ValueError(
+            "--frontend asgi needs --image-uri: your image built from docker/Dockerfile.asgi and pushed to ECR "
+            "(docs/frontends.md); no public image carries it"
+        )
+    environment = asgi_environment() if asgi else container_environment()
     return Deployment(
         endpoint_name=args.endpoint_name or f"inf2-llm-{time.strftime('%Y%m%d-%H%M%S')}",
         model_data=args.model_data,
@@ -473,7 +499,7 @@ def deployment_from_args(args: argparse.Namespace, region: str, backend: str | N
         volume_size_gb=args.volume_size,
         model_data_download_timeout_s=args.model_data_download_timeout,
         startup_health_check_timeout_s=args.container_startup_health_check_timeout,
-        environment={**container_environment(), **_env_pairs(args.env)},
+        environment={**environment, **_env_pairs(args.env)},
         autoscaling=scaling,
         network_isolation=args.network_isolation,
         subnets=tuple(args.subnet),

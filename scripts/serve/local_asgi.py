@@ -75,7 +75,10 @@ class AsgiFrontend:
 
 def asgi_model_config(model_config: dict[str, Any]) -> dict[str, Any]:
     """A TorchServe model-config as the ASGI frontend serves it: continuous scheduling (the checkpoint
-    is passed as --model-dir, as `make serve MODEL_DIR=` names it)."""
+    is passed as --model-dir, as `make serve MODEL_DIR=` names it). An embedding archive's config
+    (`handler.task: embed`: classic batching) is served as it is."""
+    if (model_config.get("handler") or {}).get("task") == "embed":
+        return dict(model_config)
     config = {k: v for k, v in model_config.items() if k != "micro_batching"}
     config["handler"] = dict(model_config.get("handler", {}))  # its checkpoint: --model-dir
     scheduler = dict(model_config.get("scheduler") or {})
@@ -94,17 +97,36 @@ def start_asgi_frontend(
     sagemaker: bool = False,
     extra_args: tuple[str, ...] = (),
     wait: bool = True,
+    sagemaker_entry: bool = False,
 ) -> AsgiFrontend:
+    """`sagemaker_entry`: started as a SageMaker container starts it (`python -m handler.frontend.sagemaker
+    serve`), with workdir/opt-ml-model as /opt/ml/model (the config in it names the checkpoint)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    config_path = workdir / "model-config.yaml"
-    config_path.write_text(yaml.safe_dump(asgi_model_config(model_config)))
+    config = asgi_model_config(model_config)
     port = free_port()
-    command = [sys.executable, "-m", "handler.frontend", "--config", str(config_path), "--model-name", model_name]
-    command += ["--model-dir", str(model_dir), "--port", str(port), "--host", "127.0.0.1"]
-    command += ["--key-file", str(workdir / "key.txt"), *extra_args]
-    if sagemaker:
-        command.append("--sagemaker")
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    if sagemaker_entry:
+        container_model_dir = workdir / "opt-ml-model"
+        container_model_dir.mkdir(exist_ok=True)
+        config["handler"] = {**config["handler"], "model_checkpoint_dir": str(model_dir.resolve())}
+        (container_model_dir / "model-config.yaml").write_text(yaml.safe_dump(config))
+        command = [sys.executable, "-m", "handler.frontend.sagemaker", "serve"]  # what SageMaker runs: no options
+        full_env |= {
+            "SM_MODEL_DIR": str(container_model_dir),
+            "SAGEMAKER_BIND_TO_PORT": str(port),
+            "INF2_KEY_FILE": str(workdir / "key.txt"),
+            "INF2_MODEL_NAME": model_name,
+        }
+        full_env.pop("INF2_API_KEY", None)
+        sagemaker = True
+    else:
+        config_path = workdir / "model-config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        command = [sys.executable, "-m", "handler.frontend", "--config", str(config_path), "--model-name", model_name]
+        command += ["--model-dir", str(model_dir), "--port", str(port), "--host", "127.0.0.1"]
+        command += ["--key-file", str(workdir / "key.txt"), *extra_args]
+        if sagemaker:
+            command.append("--sagemaker")
     with open(workdir / "frontend.log", "wb") as log:
         process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     server = AsgiFrontend(workdir, model_name, port, process, sagemaker, env=dict(env or {}))

@@ -5,6 +5,7 @@ shares with TorchServe are tested against both (the modules marked both_frontend
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import signal
@@ -25,6 +26,7 @@ from tests.e2e.conftest import E2E_MODEL_CONFIG
 from tests.support.asgi_frontend import AsgiFrontend, start_asgi_frontend
 from tests.support.sse import DONE, events
 
+CONTENT_JSON = {"Content-Type": "application/json"}
 BODY_LIMIT = 4096
 N_SLOTS = 2
 BATCH_SIZE, JOB_QUEUE = 4, 2  # at most 6 requests in flight, then a fast 503
@@ -276,10 +278,13 @@ def test_past_batch_size_plus_job_queue_size_a_fast_503(frontend: AsgiFrontend):
 
 # -- lifecycle -------------------------------------------------------------------------
 def test_ping_waits_for_the_model_and_sigterm_drains_the_streams(tiny_model_dir: Path, tmp_path: Path):
-    """SageMaker mode: /ping and /invocations need no key; /ping is 503 while the model loads. A
-    stream in flight at SIGTERM runs to its end, then the process exits 0."""
+    """Started as a SageMaker container starts it (handler/frontend/sagemaker.py: `serve`, the model data
+    in a stand-in /opt/ml/model): /ping and /invocations need no key, the other routes do; /ping is 503
+    while the model loads. At SIGTERM the drain starts: /ping is 503, a new request on a kept-alive
+    connection gets a 503 in JSON, the stream and the request in flight run to their end, then the
+    process exits."""
     server = start_asgi_frontend(
-        tmp_path, tiny_model_dir, CONFIG, env={WARMUP_ENV: "3"}, model_name="model", sagemaker=True, wait=False
+        tmp_path, tiny_model_dir, CONFIG, env={WARMUP_ENV: "3"}, model_name="model", sagemaker_entry=True, wait=False
     )
     try:
         statuses = []
@@ -292,15 +297,40 @@ def test_ping_waits_for_the_model_and_sigterm_drains_the_streams(tiny_model_dir:
                 pass
             time.sleep(0.2)
         assert 503 in statuses, statuses  # answered while loading, not refused
+        assert httpx.get(f"{server.url}/v1/models", timeout=5).status_code == 401  # the key file the entry wrote
+        assert httpx.get(f"{server.url}/v1/models", headers=server.headers, timeout=5).status_code == 200
+
+        kept = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)  # one keep-alive connection
+        kept.request("GET", "/ping")
+        assert kept.getresponse().read() and kept.sock is not None
+        # a request in flight at SIGTERM whose body is still coming: it holds the drain open
+        late = json.dumps(generate(server)).encode()
+        holder = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        head = "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head += f"Content-Length: {len(late)}\r\n\r\n"
+        holder.sendall(head.encode() + late[:5])
+
         body = {"prompt": "Once upon a time", "max_new_tokens": 300, "ignore_eos": True}
         with httpx.stream("POST", f"{server.url}/invocations", json=body, timeout=60) as response:
             assert response.status_code == 200
             chunks = response.iter_raw()
             received = next(chunks)
             server.process.send_signal(signal.SIGTERM)  # SIGTERM mid-stream
+            ping = httpx.get(f"{server.url}/ping", timeout=5)
+            while ping.status_code == 200:  # until the server has taken the signal
+                assert time.monotonic() < deadline
+                ping = httpx.get(f"{server.url}/ping", timeout=5)
+            assert ping.status_code == 503 and ping.json()["reason"] == "the server is draining", ping.text
+            kept.request("POST", "/invocations", body=json.dumps(generate(server)), headers=CONTENT_JSON)
+            refused = kept.getresponse()
+            assert refused.status == 503 and refused.getheader("Connection") == "close"
+            assert "the server is draining" in json.loads(refused.read())["error"]["message"]
             received += b"".join(chunks)
         last = json.loads(received.splitlines()[-1])
         assert last["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 300
+        holder.sendall(late[5:])  # admitted before the drain: served
+        assert holder.recv(65536).startswith(b"HTTP/1.1 200 ")
+        holder.close()
         # uvicorn ends by re-raising the signal it caught, after its graceful shutdown
         assert server.process.wait(60) in (0, -signal.SIGTERM)
         assert "Application shutdown complete" in server.log_text()

@@ -3,7 +3,8 @@ all-MiniLM-L6-v2 (`make model`) in a real torchserve, one server for the module:
 `openai` client's `embeddings.create` (float, base64 and its default, which asks for base64 and
 decodes it), parity with the same checkpoint in-process (by hand and with sentence-transformers'
 own `encode`), LangChain's `OpenAIEmbeddings` (Python 3.11+, as langchain-openai), SageMaker's
-/invocations, the errors."""
+/invocations, the errors. The tests on `served`/`any_client` run against both frontends: TorchServe and
+the ASGI frontend (`python -m handler.frontend`, its own batcher; tests/support/asgi_frontend.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 import yaml
 
 from scripts.serve.torchserve_compat import has_secure_defaults
+from tests.support.asgi_frontend import ASGI, AsgiFrontend, start_asgi_frontend
 from tests.support.torchserve_process import TorchServe, start_torchserve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,12 +57,16 @@ def minilm_dir() -> Path:
     return MINILM_DIR
 
 
-@pytest.fixture(scope="module")
-def server(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
+def embed_config() -> dict[str, Any]:
     config = yaml.safe_load((REPO / "configs" / "model-config-embed.yaml").read_text())
     config["handler"]["embed"]["max_inputs"] = 8
     config["maxBatchDelay"] = 50
-    ts = start_torchserve(tmp_path_factory.mktemp("torchserve-embed"), minilm_dir, config, model_name=MODEL)
+    return config
+
+
+@pytest.fixture(scope="module")
+def server(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServe]:
+    ts = start_torchserve(tmp_path_factory.mktemp("torchserve-embed"), minilm_dir, embed_config(), model_name=MODEL)
     try:
         yield ts
     finally:
@@ -68,9 +74,33 @@ def server(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.fixture(scope="module")
-def client(server: TorchServe) -> openai.OpenAI:
+def asgi_server(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AsgiFrontend]:
+    frontend = start_asgi_frontend(tmp_path_factory.mktemp("asgi-embed"), minilm_dir, embed_config(), model_name=MODEL)
+    try:
+        yield frontend
+    finally:
+        frontend.stop()
+
+
+@pytest.fixture(scope="module", params=("torchserve", ASGI))
+def served(request: pytest.FixtureRequest) -> TorchServe | AsgiFrontend:
+    """The same embedding archive on either frontend."""
+    return request.getfixturevalue("server" if request.param == "torchserve" else "asgi_server")
+
+
+def openai_client(server: TorchServe | AsgiFrontend) -> openai.OpenAI:
     key = server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")
     return openai.OpenAI(base_url=f"{server.predictions_url}/1.0/v1", api_key=key, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(server: TorchServe) -> openai.OpenAI:
+    return openai_client(server)
+
+
+@pytest.fixture(scope="module")
+def any_client(served: TorchServe | AsgiFrontend) -> openai.OpenAI:
+    return openai_client(served)
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +126,8 @@ def cosine(a: Any, b: Any) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def test_openai_client_float_vectors_match_the_checkpoint_in_process(client: openai.OpenAI, reference):
-    response = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+def test_openai_client_float_vectors_match_the_checkpoint_in_process(any_client: openai.OpenAI, reference):
+    response = any_client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
     assert response.model == MODEL and [d.index for d in response.data] == list(range(len(TEXTS)))
     expected_tokens = 0
     for text, item in zip(TEXTS, response.data, strict=True):
@@ -111,10 +141,10 @@ def test_openai_client_float_vectors_match_the_checkpoint_in_process(client: ope
     assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2])
 
 
-def test_openai_client_base64_decodes_to_the_float_vectors(client: openai.OpenAI):
-    floats = client.embeddings.create(model=MODEL, input=TEXTS[:2], encoding_format="float")
-    raw = client.embeddings.create(model=MODEL, input=TEXTS[:2], encoding_format="base64")
-    default = client.embeddings.create(model=MODEL, input=TEXTS[:2])  # the client asks for base64 and decodes it
+def test_openai_client_base64_decodes_to_the_float_vectors(any_client: openai.OpenAI):
+    floats = any_client.embeddings.create(model=MODEL, input=TEXTS[:2], encoding_format="float")
+    raw = any_client.embeddings.create(model=MODEL, input=TEXTS[:2], encoding_format="base64")
+    default = any_client.embeddings.create(model=MODEL, input=TEXTS[:2])  # the client asks for base64 and decodes it
     for f, r, d in zip(floats.data, raw.data, default.data, strict=True):
         assert isinstance(r.embedding, str)
         decoded = np.frombuffer(base64.b64decode(r.embedding), dtype="<f4")
@@ -122,12 +152,12 @@ def test_openai_client_base64_decodes_to_the_float_vectors(client: openai.OpenAI
         assert np.array_equal(np.asarray(d.embedding, dtype=np.float32), decoded)
 
 
-def test_concurrent_requests_with_a_bad_one_each_get_their_own_answer(client: openai.OpenAI, reference):
+def test_concurrent_requests_with_a_bad_one_each_get_their_own_answer(any_client: openai.OpenAI, reference):
     def one(i: int) -> Any:
         try:
             if i == 2:
-                return client.embeddings.create(model=MODEL, input=["fine", ""])
-            return client.embeddings.create(model=MODEL, input=TEXTS[i], encoding_format="float")
+                return any_client.embeddings.create(model=MODEL, input=["fine", ""])
+            return any_client.embeddings.create(model=MODEL, input=TEXTS[i], encoding_format="float")
         except openai.APIStatusError as exc:
             return exc
 
@@ -163,7 +193,8 @@ def test_token_id_input_and_the_refusals(client: openai.OpenAI, reference):
     assert "handler.task: generate" in chat.value.body["message"]
 
 
-def test_sagemaker_invocations_and_the_native_route(server: TorchServe, reference):
+def test_sagemaker_invocations_and_the_native_route(served: TorchServe | AsgiFrontend, reference):
+    server = served
     invocations = httpx.post(
         f"{server.url}/invocations", json={"inputs": TEXTS[:2]}, headers=server.headers, timeout=60
     )
@@ -174,6 +205,15 @@ def test_sagemaker_invocations_and_the_native_route(server: TorchServe, referenc
     native = httpx.post(server.predictions_url, json={"input": TEXTS[3]}, headers=server.headers, timeout=60)
     assert native.status_code == 200 and native.json()["object"] == "list"
     assert cosine(native.json()["data"][0]["embedding"], reference(TEXTS[3])[0]) >= 0.9999
+    # a generation route on an embedding server: the same 400 on both frontends
+    openai_url = f"{server.predictions_url}/1.0/v1"
+    chat = httpx.post(
+        f"{openai_url}/chat/completions", json={"model": MODEL, "messages": []}, headers=server.headers, timeout=60
+    )
+    assert chat.status_code == 400 and "handler.task: generate" in chat.text, chat.text
+    if isinstance(server, AsgiFrontend) or has_secure_defaults():  # TorchServe 0.11 passes no url_path
+        models = httpx.get(f"{openai_url}/models", headers=server.headers, timeout=60)
+        assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == [MODEL], models.text
 
 
 @pytest.mark.skipif(

@@ -395,6 +395,25 @@ def test_a_region_without_a_documented_registry_asks_for_image_uri():
     assert sagemaker_deploy.deployment_from_args(args, "xx-nowhere-1").image_uri == "my/image:1"
 
 
+def test_the_asgi_frontend_needs_the_users_image_and_no_torchserve_environment(aws, recorder):
+    base = ["--model-data", f"s3://{BUCKET}/minilm/", "--role-arn", ROLE, "--frontend", "asgi"]
+    with pytest.raises(ValueError, match=r"--frontend asgi needs --image-uri.*docker/Dockerfile.asgi"):
+        sagemaker_deploy.deployment_from_args(sagemaker_deploy.parse_args(base), REGION)
+    image = f"111122223333.dkr.ecr.{REGION}.amazonaws.com/inf2-llm-asgi:1"
+    args = sagemaker_deploy.parse_args([*base, "--image-uri", image, "--endpoint-name", "asgi-1", "--env", "X=1"])
+    d = sagemaker_deploy.deployment_from_args(args, REGION)
+    sm = recorder.attach(boto3.client("sagemaker", region_name=REGION))
+    deploy(Clients(sm), d)
+    (model,) = recorder.params("CreateModel")
+    assert model["PrimaryContainer"]["Image"] == image
+    assert model["PrimaryContainer"]["Environment"] == {"HF_HUB_OFFLINE": "1", "X": "1"}  # no TS_CONFIG_FILE
+    assert sm.describe_model(ModelName="asgi-1")["PrimaryContainer"]["Image"] == image
+    # the default stays TorchServe's DLC
+    default = sagemaker_deploy.parse_args(["--model-data", f"s3://{BUCKET}/m/", "--role-arn", ROLE])
+    assert default.frontend == "torchserve"
+    assert "TS_CONFIG_FILE" in sagemaker_deploy.deployment_from_args(default, REGION).environment
+
+
 NXDI_TAG = "2.9.0-neuronx-py312-sdk2.28.0-ubuntu24.04"
 
 
