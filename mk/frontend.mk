@@ -9,8 +9,6 @@ FRONTEND_ARGS ?=
 
 .PHONY: serve-asgi
 serve-asgi: venv $(if $(filter $(DEFAULT_MODEL_DIR),$(MODEL_DIR)),model)
-	@echo "Serving $(MODEL_NAME) on http://$(HOST):$(INFERENCE_PORT) (ASGI frontend; key in $(FRONTEND_KEY_FILE)). Try:"
-	@echo "  curl -N -H \"Authorization: Bearer \$$(cat $(FRONTEND_KEY_FILE))\" -H 'Content-Type: application/json' \\"
-	@echo "       -d '{\"prompt\": \"Today the weather is\", \"max_new_tokens\": 64}' http://$(HOST):$(INFERENCE_PORT)/v1/completions"
+	@$(PY) -m scripts.serve.client $(CLIENT_ARGS) hints --config $(MODEL_CONFIG) --key-file-hint $(FRONTEND_KEY_FILE)
 	HF_HUB_OFFLINE=1 exec $(PY) -m handler.frontend --config $(MODEL_CONFIG) --model-dir $(MODEL_DIR) \
 		--model-name $(MODEL_NAME) --host $(HOST) --port $(INFERENCE_PORT) --key-file $(FRONTEND_KEY_FILE) $(FRONTEND_ARGS)

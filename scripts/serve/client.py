@@ -157,9 +157,13 @@ def wait_ready(
     raise SystemExit(f"model did not answer within {timeout:.0f} s ({last}); see logs/ts_log.log")
 
 
-def usage_hints(url: str, model: str, task: str) -> list[str]:
-    """The lines `make serve` prints to show how to call a served model of `handler.task` `task`."""
-    auth = '-H "Authorization: Bearer $(.venv/bin/python -m scripts.serve.client token)"'
+TORCHSERVE_KEY = "$(.venv/bin/python -m scripts.serve.client token)"
+
+
+def usage_hints(url: str, model: str, task: str, key: str = TORCHSERVE_KEY) -> list[str]:
+    """The lines `make serve` prints to show how to call a served model of `handler.task` `task`;
+    `key` is the shell expression that gives the bearer key."""
+    auth = f'-H "Authorization: Bearer {key}"'
     if task == "embed":
         body = json.dumps({"model": model, "input": ["The weather is lovely today."]})
         target = f"{url}/predictions/{model}/1.0/v1/embeddings"
@@ -213,6 +217,7 @@ def main() -> None:
     hints = sub.add_parser("hints", help="print how to call the served models (make serve's closing lines)")
     hints.add_argument("--config", type=Path, help="the --model archive's model-config.yaml")
     hints.add_argument("--also", action="append", default=[], metavar="NAME=CONFIG", help="another served archive")
+    hints.add_argument("--key-file-hint", type=Path, help="the ASGI frontend's key file (default: TorchServe's key)")
     probe = sub.add_parser("readiness-body", help="print the JSON body of the readiness request (one token or word)")
     probe.add_argument("--config", type=Path, help="the archive's model-config.yaml: its handler.task picks the body")
     sub.add_parser("token", help="print the inference key (renewed first when it expired or is about to)")
@@ -242,14 +247,16 @@ def main() -> None:
         served = [(args.model, args.config)] + [
             (name, Path(config)) for name, _, config in (a.partition("=") for a in args.also)
         ]
-        print(
-            f"Serving {', '.join(name for name, _ in served)} on {args.url} (token auth on; key in key_file.json). Try:"
-        )
-        if task_of(args.config) == "generate":
+        names = ", ".join(name for name, _ in served)
+        asgi = args.key_file_hint is not None
+        key = f"$(cat {args.key_file_hint})" if asgi else TORCHSERVE_KEY
+        where = f"ASGI frontend; key in {args.key_file_hint}" if asgi else "token auth on; key in key_file.json"
+        print(f"Serving {names} on {args.url} ({where}). Try:")
+        if task_of(args.config) == "generate" and not asgi:
             print("  make demo")
         for name, config in served:
-            print("\n".join(usage_hints(args.url, name, task_of(config))))
-        print("  make stop")
+            print("\n".join(usage_hints(args.url, name, task_of(config), key)))
+        print("  Ctrl-C (or SIGTERM) drains and stops" if asgi else "  make stop")
     elif args.command == "wait":
         waited = wait_ready(
             url, args.key_file, args.timeout, args.log, args.pid_file, args.management_url, task_of(args.config)
