@@ -13,9 +13,9 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_batch_line_matches_what_the_embedding_adapter_logs():
-    source = (REPO / "handler" / "serving" / "embedding.py").read_text()
+    source = (REPO / "handler" / "core" / "embedding.py").read_text()
     found = re.search(r'"(embedding batch: [^"]*)",', source)
-    assert found, "handler/serving/embedding.py no longer logs its batches as scripts/bench/embeddings.py reads them"
+    assert found, "handler/core/embedding.py no longer logs its batches as scripts/bench/embeddings.py reads them"
     line = found.group(1) % (8, 8, 1024, 41.25)
     assert BATCH_LINE.findall(f"2026-12-05 MODEL_LOG - {line}") == [("8", "8", "41.2")]
 
