@@ -5,13 +5,15 @@ Per frontend, continuous mode (the ASGI frontend schedules continuously only), t
 (scripts/bench/suite.py, Llama-2-7B inf2.48xlarge TP24 profile, 8 slots, 100±10 / 128 tokens):
 one stream, 8 concurrent streams, Poisson at 50 % and 70 % of capacity; then a second server of
 each frontend with the replicas stage's seed workload on one replica (scripts/bench/replicas.py:
-Llama-3.1-8B TP8, 32 slots, 1500±150 / 250 tokens, 32 closed-loop streams). TorchServe in static
-mode runs the 50 % load once more, for P4. Printed and recorded per frontend:
+Llama-3.1-8B TP8, 32 slots, 1500±150 / 250 tokens, 32 closed-loop streams, 8 requests each as
+docs/performance.md measures P12). TorchServe in static mode runs the 50 % load once more, for P4.
+Printed and recorded per frontend:
   idle TTFT p50 (one stream) and P1-P3 as the suite defines them (P1-asgi, ...);
   P4  = static TorchServe's TTFT p50 at 50 % / that frontend's continuous TTFT p50 at 50 %
   P12 = served TTFT p50 / the discrete-event reference's, seed workload, 32 streams, one replica
         (goal <= 1.1: issue 35's goal for the ASGI frontend; TorchServe's beside it)
   P14 = ASGI served output tok/s / TorchServe's at 8 streams, same engine and profile (goal >= 1.0)
+The load average (1, 5, 15 min) at the start and the end is printed and recorded beside them.
 Results: bench_results/bench-frontends.json. A benchmark, not a test: it decides nothing.
 """
 
@@ -162,7 +164,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--static", action=argparse.BooleanOptionalAction, default=True, help="P4 (TorchServe static)")
     parser.add_argument("--seed", action=argparse.BooleanOptionalAction, default=True, help="P12 (seed workload)")
-    parser.add_argument("--seed-rounds", type=int, default=2, help="requests per stream in P12's load")
+    parser.add_argument(
+        "--seed-rounds",
+        type=int,
+        default=8,
+        help="requests per stream in P12's load (8: with 2, half are first-round requests queued behind 31 "
+        "prefills and the p50 falls between the groups; docs/performance.md, P12)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     args, suite_argv = parser.parse_known_args(argv)
     args.frontend_list = [f.strip() for f in args.frontends.split(",") if f.strip()]
