@@ -46,11 +46,14 @@ START_TIMEOUT_S = 300
 
 
 # -- the servers ---------------------------------------------------------------------------
-def start(frontend: str, workdir: Path, model_dir: Path, config: dict[str, Any]) -> Any:
-    """A server of `frontend` with `config` (the ASGI frontend as frontend_admission.py starts it)."""
+def start(
+    frontend: str, workdir: Path, model_dir: Path, config: dict[str, Any], asgi_env: dict[str, str] | None = None
+) -> Any:
+    """A server of `frontend` with `config` (the ASGI frontend as frontend_admission.py starts it,
+    `asgi_env` added to its environment)."""
     print(f"[bench] {frontend}: starting it in {workdir} ...", file=sys.stderr)
     if frontend == "asgi":
-        return start_asgi_frontend(workdir, model_dir, config)
+        return start_asgi_frontend(workdir, model_dir, config, env=asgi_env)
     return bench_server.start(workdir, model_dir, config, timeout=START_TIMEOUT_S)
 
 
@@ -66,10 +69,16 @@ def scrape(server: Any) -> str:
 
 
 def serve_loads(
-    frontend: str, workdir: Path, model_dir: Path, config: dict[str, Any], loads: list[Load], work: Any
+    frontend: str,
+    workdir: Path,
+    model_dir: Path,
+    config: dict[str, Any],
+    loads: list[Load],
+    work: Any,
+    asgi_env: dict[str, str] | None = None,
 ) -> tuple[list[LoadSummary], dict[str, float]]:
     """Every load in order on one fresh server; the handler metrics' means over all of them."""
-    server = start(frontend, workdir, model_dir, config)
+    server = start(frontend, workdir, model_dir, config, asgi_env)
     try:
         target = Target(server.url, server.model_name, "native", server.headers)
         before = suite.histogram_totals(scrape(server))
@@ -171,11 +180,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="requests per stream in P12's load (8: with 2, half are first-round requests queued behind 31 "
         "prefills and the p50 falls between the groups; docs/performance.md, P12)",
     )
+    parser.add_argument(
+        "--asgi-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in the ASGI frontend's environment (e.g. OMP_NUM_THREADS=1); repeatable",
+    )
     parser.add_argument("--no-progress", action="store_true")
     args, suite_argv = parser.parse_known_args(argv)
     args.frontend_list = [f.strip() for f in args.frontends.split(",") if f.strip()]
     if bad := [f for f in args.frontend_list if f not in FRONTENDS]:
         parser.error(f"unknown frontend(s) {bad}: use {', '.join(FRONTENDS)}")
+    if bad := [x for x in args.asgi_env if "=" not in x]:
+        parser.error(f"--asgi-env takes NAME=VALUE, got {bad}")
+    args.asgi_environment = dict(x.split("=", 1) for x in args.asgi_env)
     args.suite_argv = suite_argv  # the suite's load options (--sync-requests, --concurrent-rounds, ...)
     return args
 
@@ -224,16 +243,22 @@ class Seed:
         return cls(settings, p, bench_replicas.replicated_limit(p.profile, p.n_slots, p.budget, load, p.shape, 1))
 
 
-def run_frontend(frontend: str, s: suite.Setup, limits: list[LoadSummary | None], seed: Seed | None) -> FrontendRun:
+def run_frontend(
+    frontend: str, s: suite.Setup, limits: list[LoadSummary | None], seed: Seed | None, asgi_env: dict[str, str]
+) -> FrontendRun:
     """The suite's continuous loads on one server of `frontend`, then the seed load on another."""
     workroot, config = s.workroot / frontend, s.configs["continuous"]
     work = suite.fresh_workload(s.model_dir, s.args, s.output_tokens)
-    served, metrics = serve_loads(frontend, workroot / "continuous", s.model_dir, config, list(s.plan.loads), work)
+    served, metrics = serve_loads(
+        frontend, workroot / "continuous", s.model_dir, config, list(s.plan.loads), work, asgi_env
+    )
     fr = FrontendRun(frontend, suite.ModeRun("continuous", config, served, limits, s.plan.fractions, metrics))
     if seed:
         work = bench_replicas.workload(seed.settings)
         loads, config = seed.plan.loads["single"], seed.plan.configs["single"]
-        [fr.seed], fr.seed_metrics = serve_loads(frontend, workroot / "seed", s.model_dir, config, loads, work)
+        [fr.seed], fr.seed_metrics = serve_loads(
+            frontend, workroot / "seed", s.model_dir, config, loads, work, asgi_env
+        )
     return fr
 
 
@@ -259,14 +284,14 @@ def main(argv: list[str] | None = None) -> None:
     policy = des.Policy("continuous", s.n_slots, prefill_token_budget=s.args.prefill_token_budget)
     limits: list[LoadSummary | None] = list(suite.des_limits(s.profile, policy, s.plan.loads, s.shape, seed=0))
     seed = Seed.of(args) if args.seed else None
-    runs = {frontend: run_frontend(frontend, s, limits, seed) for frontend in args.frontend_list}
+    runs = {f: run_frontend(f, s, limits, seed, args.asgi_environment) for f in args.frontend_list}
     static = run_static(s) if args.static and "torchserve" in runs else None
     load_avg["end"] = list(os.getloadavg())
     ratios = frontend_ratios(
         runs, s.ref["step_1_ms"], s.args.load_fraction, s.args.p4_fraction, static, seed.reference if seed else None
     )
-    path = write(args.out, s, runs, static, seed, ratios, load_avg, time.monotonic() - started)
-    print_report(s, runs, static, seed, ratios, load_avg)
+    path = write(args.out, s, runs, static, seed, ratios, load_avg, time.monotonic() - started, args.asgi_environment)
+    print_report(s, runs, static, seed, ratios, load_avg, args.asgi_environment)
     print(f"results: {path} ({time.monotonic() - started:.0f} s)")
     for r in ratios:
         print(r.line())
@@ -282,6 +307,7 @@ def write(
     ratios: list[suite.Ratio],
     load_avg: dict[str, list[float]],
     wall_s: float,
+    asgi_env: dict[str, str],
 ) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     path = out.with_suffix(".json")
@@ -301,6 +327,7 @@ def write(
         "reference": s.ref,
         "capacity_req_per_s": s.capacity,
         "load_average": load_avg,
+        "asgi_env": asgi_env,
         "cpus": os.cpu_count(),
         "seed": {
             "profile": seed.plan.profile.name,
@@ -327,6 +354,7 @@ def print_report(
     seed: Seed | None,
     ratios: list[suite.Ratio],
     load_avg: dict[str, list[float]],
+    asgi_env: dict[str, str] | None = None,
 ) -> None:
     ref = s.ref
     print(
@@ -348,6 +376,8 @@ def print_report(
     print(side_by_side(runs, ratios))
     start, end = fmt_load(load_avg["start"]), fmt_load(load_avg["end"])
     print(f"load average (1, 5, 15 min) at the start {start}, at the end {end} ({os.cpu_count()} CPUs)")
+    if asgi_env:
+        print(f"the ASGI frontend's environment: {asgi_env}")
 
 
 def fmt_load(values: list[float]) -> str:

@@ -83,8 +83,12 @@ def test_command_line(tmp_path):
     args = frontends.parse_args(["--frontends", "asgi", "--concurrent-rounds", "3", "--no-static"])
     assert args.frontend_list == ["asgi"] and not args.static and args.seed
     assert args.suite_argv == ["--concurrent-rounds", "3"]  # passed to the suite's loads
-    with pytest.raises(SystemExit):
-        frontends.parse_args(["--frontends", "torchserve,nginx"])
+    assert args.asgi_environment == {} and args.seed_rounds == 8
+    env = frontends.parse_args(["--asgi-env", "OMP_NUM_THREADS=1", "--asgi-env", "A=b=c"]).asgi_environment
+    assert env == {"OMP_NUM_THREADS": "1", "A": "b=c"}
+    for bad in (["--frontends", "torchserve,nginx"], ["--asgi-env", "OMP_NUM_THREADS"]):
+        with pytest.raises(SystemExit):
+            frontends.parse_args(bad)
     s = frontends.suite_setup(frontends.parse_args(["--workdir", str(tmp_path), "--concurrent-rounds", "3"]))
     assert [x.name for x in s.plan.loads][:2] == ["synchronous", "concurrent@8"]
     assert sorted(s.plan.fractions.values()) == [0.5, 0.7]  # P4's and P3's loads, no sweep
