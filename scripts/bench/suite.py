@@ -351,7 +351,8 @@ class Ratio:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "goal": self.goal, "met": self.met}
+        fields = {k: v for k, v in asdict(self).items() if k != "goal_at"}  # "goal" says it
+        return {**fields, "goal": self.goal, "met": self.met}
 
 
 def p1(sync: LoadSummary, step_1_ms: float) -> Ratio:
