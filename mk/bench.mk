@@ -30,8 +30,9 @@
 #                            (python -m handler.frontend), one after the other, continuous mode: idle TTFT, P1-P4 per
 #                            frontend (P4: static TorchServe / that frontend), P12 per frontend (seed workload, 32
 #                            streams, 1 replica; goal <= 1.1) and P14 = ASGI tok/s / TorchServe tok/s at 8 streams
-#                            (goal >= 1.0); bench_results/bench-frontends.json (about 7 min on 2 shared cores)
+#                            (goal >= 1.0); bench_results/bench-frontends.json (8-9 min on 2 shared cores; not in make bench)
 # make bench-frontends FRONTEND_BENCH_ARGS="--frontends asgi --no-static"   one frontend only
+# make bench-frontends FRONTEND_BENCH_ARGS="--asgi-env OMP_NUM_THREADS=1"   the ASGI frontend with one torch thread
 BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
 BENCH_LONG ?=
