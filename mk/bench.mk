@@ -26,6 +26,13 @@
 #                            and base64 replies), batchSize 1 vs 8 (the batching gain), the idle p50;
 #                            bench_results/bench-embed.json (about 75 s on 2 cores, 2 min when other jobs share them)
 # make bench-embed EMBED_BENCH_ARGS="--requests-per-client 16"   longer loads (steadier figures)
+# make bench-frontends       sim backend: the same engine, profile and loads on TorchServe and on the ASGI frontend
+#                            (python -m handler.frontend), one after the other, continuous mode: idle TTFT, P1-P4 per
+#                            frontend (P4: static TorchServe / that frontend), P12 per frontend (seed workload, 32
+#                            streams, 1 replica; goal <= 1.1) and P14 = ASGI tok/s / TorchServe tok/s at 8 streams
+#                            (goal >= 1.0); bench_results/bench-frontends.json (8-9 min on 2 shared cores; not in make bench)
+# make bench-frontends FRONTEND_BENCH_ARGS="--frontends asgi --no-static"   one frontend only
+# make bench-frontends FRONTEND_BENCH_ARGS="--asgi-env OMP_NUM_THREADS=1"   the ASGI frontend with one torch thread
 BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
 BENCH_LONG ?=
@@ -33,10 +40,11 @@ BENCH_ARGS ?=
 ISOLATION_ARGS ?=
 MEMORY_ARGS ?=
 EMBED_BENCH_ARGS ?=
+FRONTEND_BENCH_ARGS ?=
 # make bench ends with bench-embed (P13); 0 leaves it out.
 BENCH_EMBED ?= 1
 
-.PHONY: bench bench-isolation bench-memory bench-embed
+.PHONY: bench bench-isolation bench-memory bench-embed bench-frontends
 
 bench: venv model
 	$(PY) -m scripts.bench.suite --backend $(BACKEND) --profile $(BENCH_PROFILE) \
@@ -51,3 +59,6 @@ bench-memory: venv model
 
 bench-embed: venv model
 	$(PY) -m scripts.bench.embeddings --model-dir $(ENCODER_MODEL_DIR) --workdir $(BUILD)/bench-embed $(EMBED_BENCH_ARGS)
+
+bench-frontends: venv model
+	$(PY) -m scripts.bench.frontends --model-dir $(TINY_MODEL_DIR) --workdir $(BUILD)/bench-frontends $(FRONTEND_BENCH_ARGS)
