@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +18,11 @@ from handler.backends.encoder_base import SentenceEncoder
 from handler.config import ServingConfig
 from handler.core.embedding import EmbeddingCore, EmbeddingWork, error_answer, load_warm_encoder
 from handler.errors import EngineError, ServiceUnavailable
+from handler.frontend.loading import LoadedOnAThread
 from handler.frontend.metrics import FrontendMetrics
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_JOB_QUEUE = 100  # TorchServe's job_queue_size where model-config.yaml sets no jobQueueSize
 DEFAULT_BATCH_DELAY_MS = 100  # TorchServe's maxBatchDelay default
 
 
@@ -120,42 +119,25 @@ class EmbeddingBatcher:
         self._executor.shutdown(wait=True)
 
 
-class ServedEmbedder:
+class ServedEmbedder(LoadedOnAThread):
     """The ASGI frontend's model when model-config.yaml says `handler.task: embed` (the surface of
     handler/frontend/model.py's ServedModel that the app uses: ready, unavailable, gauges, close)."""
 
     def __init__(self, raw_config: dict[str, Any], model_dir: Path, model_name: str) -> None:
-        self.config = ServingConfig.from_model_yaml(raw_config)
-        self.model_dir = model_dir
+        super().__init__(ServingConfig.from_model_yaml(raw_config), model_dir)
         self.model_name = model_name
         delay_ms = raw_config.get("maxBatchDelay", DEFAULT_BATCH_DELAY_MS)
         self.batch_delay_s = float(delay_ms if isinstance(delay_ms, (int, float)) else DEFAULT_BATCH_DELAY_MS) / 1000
-        self.max_in_flight = self.config.batch_size + (self.config.job_queue_size or DEFAULT_JOB_QUEUE)
         self.encoder: SentenceEncoder | None = None
         self.batcher: EmbeddingBatcher | None = None
-        self.failure: str | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def ready(self) -> bool:
         return self.batcher is not None
 
-    def unavailable(self) -> ServiceUnavailable:
-        if self.failure is not None:
-            return ServiceUnavailable(f"the model failed to load: {self.failure}", "model")
-        return ServiceUnavailable("the model is still loading; retry shortly", "model")
-
-    def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._thread = threading.Thread(target=self._load, args=(loop,), name="model-load", daemon=True)
-        self._thread.start()
-
-    def _load(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            self.encoder = load_warm_encoder(self.config, str(self.model_dir))
-            loop.call_soon_threadsafe(self._serve, EmbeddingCore(self.config, self.encoder))
-        except Exception as exc:
-            logger.exception("loading the encoder failed")
-            self.failure = f"{type(exc).__name__}: {exc}"
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.encoder = load_warm_encoder(self.config, str(self.model_dir))
+        loop.call_soon_threadsafe(self._serve, EmbeddingCore(self.config, self.encoder))
 
     def _serve(self, core: EmbeddingCore) -> None:
         """On the event loop: the batcher's task belongs to it."""
@@ -175,7 +157,6 @@ class ServedEmbedder:
             await self.batcher.stop()
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout=60)
+        self._wait_for_loading()
         if self.encoder is not None:
             self.encoder.close()

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import json
 from http import HTTPStatus
 
-from handler.errors import ServingError, to_http
+from handler.errors import InvalidRequest, NotFound, ServingError
 
 
 class Unauthorized(ServingError):
@@ -29,16 +28,12 @@ class PayloadTooLarge(ServingError):
     error_type = "invalid_request_error"
 
 
-def error_body(error: ServingError) -> bytes:
-    return json.dumps(to_http(error).body, ensure_ascii=False).encode()
-
-
 def status_error(status: int, detail: str | None = None) -> ServingError:
     """The error for a status Starlette's router raised (404, 405)."""
-    phrase = HTTPStatus(status).phrase
     if status == 405:
         return MethodNotAllowed(detail or "method not allowed on this path", "method")
-    error = ServingError(detail or phrase, "url")
-    error.status = status
-    error.error_type = "not_found_error" if status == 404 else "invalid_request_error"
+    if status == 404:
+        return NotFound(detail or HTTPStatus(404).phrase, "url")
+    error = InvalidRequest(detail or HTTPStatus(status).phrase, "url")
+    error.status = status  # any other status the router raises: its own code, as a client error
     return error
