@@ -29,7 +29,7 @@ TGI_MODEL_CONFIG = {
         "backend": "hf",
         "n_positions": 512,
         "default_max_new_tokens": 16,
-        "max_new_tokens": 128,
+        "max_new_tokens": 400,
         "no_route_api": "tgi",
     },
     "micro_batching": {"micro_batch_size": 4, "parallelism": {"preprocess": 1, "inference": 1, "postprocess": 1}},

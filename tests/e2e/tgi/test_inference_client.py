@@ -67,13 +67,14 @@ def test_stream_with_details(client: InferenceClient):
 
 
 def test_events_arrive_while_generating(server, generate_url: str):
-    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 120, "ignore_eos": True}, "stream": True}
+    # 400 tokens: generating them takes several times the batch window even on the tiny model
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 400, "ignore_eos": True}, "stream": True}
     started = time.perf_counter()
     with httpx.stream("POST", generate_url, json=body, headers=server.headers, timeout=60) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         arrivals = list(timed(response.iter_text()))
     events = [json.loads(line[len("data:") :]) for line in "".join(t for _, t in arrivals).splitlines() if line]
-    assert len(events) == 120 and events[-1]["generated_text"] == "".join(e["token"]["text"] for e in events)
+    assert len(events) == 400 and events[-1]["generated_text"] == "".join(e["token"]["text"] for e in events)
     batch_delay_s = with_mode(TGI_MODEL_CONFIG, server.mode)["maxBatchDelay"] / 1000
     assert_first_arrived_while_generating(started, [at for at, _ in arrivals], batch_delay_s)
 
