@@ -18,6 +18,16 @@ REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.tiers"]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--frontends",
+        choices=("both", "torchserve"),
+        default="both",
+        help="the e2e route tests' servers: TorchServe and the ASGI frontend (both), or TorchServe alone "
+        "(make test-compat: the ASGI frontend's own module still runs)",
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded default model, built fresh by the project's own script."""

@@ -32,12 +32,16 @@ E2E_MODEL_CONFIG = {
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The ASGI frontend's parameter (tests/support/asgi_frontend.py) runs only in the route tests
     marked `both_frontends` (a module's pytestmark or a test's), and not where a test is marked
-    `torchserve_only` (it reads TorchServe's own logs, ports or archive)."""
+    `torchserve_only` (it reads TorchServe's own logs, ports or archive), nor under
+    `--frontends torchserve`."""
+    asgi_too = config.getoption("frontends") == "both"
     keep, drop = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        on_asgi = ASGI in (params.get("server"), params.get("container"))
-        wanted = item.get_closest_marker("both_frontends") and not item.get_closest_marker("torchserve_only")
+        on_asgi = ASGI in params.values()
+        wanted = (
+            asgi_too and item.get_closest_marker("both_frontends") and not item.get_closest_marker("torchserve_only")
+        )
         (drop if on_asgi and not wanted else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

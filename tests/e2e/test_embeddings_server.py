@@ -48,6 +48,8 @@ PARITY_TEXTS = [
     ),  # 236 tokens
 ]
 
+pytestmark = pytest.mark.both_frontends
+
 
 @pytest.fixture(scope="module")
 def minilm_dir() -> Path:
