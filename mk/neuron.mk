@@ -54,11 +54,14 @@ test-neuron-fake: venv
 # - tests/e2e on TorchServe 0.11.0 only (`--frontends torchserve`): the route tests' ASGI runs
 #   exercise our own frontend, not TorchServe's, and run in `make test`; test_asgi_frontend.py
 #   still runs, for uvicorn and Starlette on Python 3.10;
+# - in continuous mode only (`--modes continuous`), the mode every shipped config serves: static
+#   mode's e2e runs (TorchServe's classic batching, unchanged from 0.11 to 0.12) stay in
+#   `make test`, and the in-process tests run both modes here too;
 # - left out: tests/e2e/neuron/test_nxdi_torchserve.py (NxD Inference is the Python 3.12 stack:
 #   test-py312 runs it on TorchServe 0.11.0), test_lm_eval.py and test_make_serve_embedder.py
 #   (a client venv and the Makefile, the same on either TorchServe).
 # COMPAT_TESTS=tests runs everything.
-COMPAT_TESTS ?= tests/unit tests/integration tests/real_model tests/e2e --frontends torchserve \
+COMPAT_TESTS ?= tests/unit tests/integration tests/real_model tests/e2e --frontends torchserve --modes continuous \
 	--ignore=tests/e2e/neuron/test_nxdi_torchserve.py --ignore=tests/e2e/test_lm_eval.py \
 	--ignore=tests/e2e/test_make_serve_embedder.py
 $(COMPAT_VENV)/.installed: requirements-compat.txt requirements-dev.txt

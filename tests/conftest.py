@@ -26,6 +26,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the e2e route tests' servers: TorchServe and the ASGI frontend (both), or TorchServe alone "
         "(make test-compat: the ASGI frontend's own module still runs)",
     )
+    parser.addoption(
+        "--modes",
+        choices=("both", "continuous"),
+        default="both",
+        help="the e2e tests' TorchServe scheduling modes: continuous and static (both), or continuous alone "
+        "(make test-compat: the shipped configs' mode; the in-process tests still run both)",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -38,13 +39,14 @@ from handler.core.preparation import Work
 from handler.core.timing import arrival_from_headers
 from handler.errors import InvalidRequest, ServiceUnavailable, ServingError, to_http
 from handler.frontend.auth import BearerKey
-from handler.frontend.body import read_body
+from handler.frontend.body import read_body, unless_disconnected
 from handler.frontend.embedding import ServedEmbedder
 from handler.frontend.generation import GenerationResponse
 from handler.frontend.http_errors import Unauthorized, status_error
 from handler.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from handler.frontend.model import ServedModel
 
+logger = logging.getLogger(__name__)
 GET_ROUTES = ("v1/models",)  # routes answered without a body: GET (POST too, as TorchServe takes it)
 
 
@@ -100,7 +102,12 @@ def build_app(
             metrics.response(metric_route, 503)
             return json_error(full(model.max_in_flight))
         body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
-        answer = await batcher.submit(route, body, uuid.uuid4().hex)
+        request_id = uuid.uuid4().hex
+        answer = await unless_disconnected(request.receive, batcher.submit(route, body, request_id))
+        if answer is None:  # dropped from the batcher's queue, or its batch's answer discarded
+            logger.info("request %s: the client went away before its embeddings", request_id)
+            metrics.response(metric_route, 499)  # nginx's name for it: the client closed the request
+            return Response(status_code=499)
         metrics.response(metric_route, answer.status)
         return Response(answer.body, status_code=answer.status, media_type="application/json")
 
@@ -152,9 +159,8 @@ def build_app(
         return await generation(request, "", "invocations")
 
     async def ping(request: Request) -> Response:
-        if model.ready:
-            return JSONResponse({"status": "Healthy"})
-        return JSONResponse({"status": "Unhealthy", "reason": model.unavailable().message}, status_code=503)
+        status, body = model.readiness()
+        return JSONResponse(body, status_code=status)
 
     async def prometheus(request: Request) -> Response:
         return Response(metrics.render(model.gauges(metrics)), media_type=CONTENT_TYPE)

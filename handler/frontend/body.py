@@ -1,14 +1,19 @@
 """Reading a request body within the frontend's limits: its size (413 before anything is
 read when Content-Length says so, else as soon as the bytes pass the limit) and its time
-(408 for a client that sends too slowly)."""
+(408 for a client that sends too slowly); and, once it is read, noticing the client leave."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from starlette.requests import Request
+from starlette.types import Receive
 
 from handler.frontend.http_errors import PayloadTooLarge, RequestTimeout
+
+T = TypeVar("T")
 
 
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
@@ -29,3 +34,24 @@ async def _read(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(f"the body is over {limit} bytes, the most this server accepts", "body")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def disconnected(receive: Receive) -> None:
+    """Returns when the client disconnects (the body was read already: nothing else comes)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(receive: Receive, answer: Awaitable[T]) -> T | None:
+    """`answer`'s result, or None (and `answer` cancelled) if the client disconnects first."""
+    task, gone = asyncio.ensure_future(answer), asyncio.ensure_future(disconnected(receive))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        finished = task.done()
+        if not finished:  # the client left, or we were cancelled ourselves
+            task.cancel()
+    return task.result() if finished else None

@@ -66,7 +66,7 @@ class DrainGate:
 
     async def _refuse(self, scope: Any, send: Any) -> None:
         if scope["path"] == "/ping":
-            body: dict[str, Any] = {"status": "Unhealthy", "reason": DRAINING}
+            body: dict[str, Any] = {"status": "Draining", "message": DRAINING}  # as TorchServe's plugin
         else:
             body = to_http(ServiceUnavailable(f"{DRAINING}; retry on another instance", "model")).body
         payload = json.dumps(body).encode()

@@ -18,6 +18,7 @@ from handler.core.preparation import GenerationCore, Work
 from handler.core.replies import STREAM_HEADERS, STREAMED_TYPES, wire_error
 from handler.engine.outbox import Update
 from handler.errors import ServingError, to_http
+from handler.frontend.body import disconnected
 from handler.frontend.bridge import EngineBridge
 from handler.frontend.metrics import FrontendMetrics
 
@@ -72,7 +73,7 @@ class GenerationResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = 0
-        gone = asyncio.ensure_future(_disconnected(receive))
+        gone = asyncio.ensure_future(disconnected(receive))
         try:
             status = await self._respond(send, gone)
         except ClientGone:
@@ -212,14 +213,6 @@ class GenerationResponse:
     def _finished(self, sequence: Any) -> None:
         self.core.log_request(self.work, sequence)
         self.metrics.request_finished(sequence)
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Returns when the client disconnects (the body was read already: nothing else comes)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 __all__ = ["ClientGone", "GenerationResponse", "send_error", "send_whole", "to_http"]

@@ -44,6 +44,16 @@ class LoadedOnAThread:
             return ServiceUnavailable(f"the model failed to load: {self.failure}", "model")
         return ServiceUnavailable("the model is still loading; retry shortly", "model")
 
+    def readiness(self) -> tuple[int, dict[str, str]]:
+        """/ping's status and body, in the shape TorchServe's readiness plugin gives them
+        (serving/plugins: `{"status": ..., "message": ...}`), so a health checker reads both
+        frontends alike."""
+        if self.failure is not None:
+            return 503, {"status": "Unhealthy", "message": self.unavailable().message}
+        if not self.ready:
+            return 503, {"status": "Loading", "message": self.unavailable().message}
+        return 200, {"status": "Healthy"}
+
     def start_loading(self, loop: asyncio.AbstractEventLoop) -> None:
         self._thread = threading.Thread(target=self._load, args=(loop,), name="model-load", daemon=True)
         self._thread.start()

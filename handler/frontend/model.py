@@ -12,11 +12,13 @@ from handler.config import ServingConfig
 from handler.core.preparation import GenerationCore, load_model
 from handler.engine.interface import Engine
 from handler.engine.step_engine import StepEngine
-from handler.errors import ConfigError
+from handler.errors import ConfigError, EngineError
 from handler.frontend.bridge import EngineBridge
 from handler.frontend.loading import LoadedOnAThread
 from handler.frontend.metrics import FrontendMetrics
+from handler.frontend.threads import leave_a_core_to_the_loop
 from handler.replicas.model import ReplicatedModel
+from handler.replicas.replica_set import ReplicaSet
 
 logger = logging.getLogger(__name__)
 
@@ -36,16 +38,41 @@ class ServedModel(LoadedOnAThread):
         self.bridge: EngineBridge | None = None
         self.engine: Engine | None = None
 
+        self.replicas: ReplicaSet | None = None
+
     @property
     def ready(self) -> bool:
-        return self.bridge is not None
+        return self.bridge is not None and self.failure is None
+
+    def readiness(self) -> tuple[int, dict[str, str]]:
+        """As TorchServe's plugin answers for a worker's replicas: 200 "Degraded" while some are
+        down (restarting) and one serves, 503 "Unhealthy" while none does."""
+        status, body = super().readiness()
+        health = self.replicas.health() if self.replicas is not None and status == 200 else None
+        if health is None or health.problem is None:
+            return status, body
+        if health.ready:
+            return 200, {"status": "Degraded", "message": health.problem}
+        return 503, {"status": "Unhealthy", "message": health.problem}
+
+    def _replica_health(self) -> None:
+        """A replica went down, came back or gave up (from the replica set's threads). One that gave
+        up fails the model, as the TorchServe worker fails: its requests end, /ping is 503."""
+        assert self.replicas is not None
+        health = self.replicas.health()
+        if health.failed is not None and self.failure is None:
+            self.failure = f"the model's replicas failed: {health.failed}"
+            self.replicas.fail_all(EngineError(self.failure))
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        leave_a_core_to_the_loop(self.config.handler.cpu_threads)
         backend = load_model(self.config, str(self.model_dir))
         core = GenerationCore(self.config, backend)
         settings = self.config.scheduler
         if isinstance(backend, ReplicatedModel):
             engine: Engine = backend.replicas
+            self.replicas = backend.replicas
+            self.replicas.on_health = self._replica_health
         else:  # the request is submitted when it arrives: no frontend round trip to hold a step for
             engine = StepEngine(backend, settings.prefill_token_budget, admission_wait=0.0)
         engine.start()
@@ -67,6 +94,8 @@ class ServedModel(LoadedOnAThread):
                 "llm_requests_in_flight": bridge.in_flight,
                 "llm_engine_steps_total": engine.steps,
             }
+        if self.replicas is not None:
+            out["llm_replicas_ready"] = self.replicas.health().ready
         return out
 
     def close(self) -> None:

@@ -1,11 +1,12 @@
-"""A replica process: `python -m handler.replicas.child FD`, started by its worker
+"""A replica process: `python -m handler.replicas.child FD WORKER_PID`, started by its worker
 (handler/replicas/process.py) with the socket FD to talk over and, on neuronx, its
 NEURON_RT_VISIBLE_CORES already in the environment.
 
 It loads one model copy (the artifacts the worker's first replica compiled or found), warms it
 up, says `Ready`, then runs a `StepEngine` on its own thread: every `Submit` becomes a
 `Sequence` in it, and after every step the engine's `on_step` reports each sequence's
-`Progress` to the worker. It exits when the worker says `Stop` or goes away (the socket closes).
+`Progress` to the worker. It exits when the worker says `Stop` or goes away (the socket closes, or
+the worker's pid is no longer its parent's).
 """
 
 from __future__ import annotations
@@ -155,7 +156,23 @@ def run(conn: Connection) -> int:
     return 0
 
 
+def die_with_the_worker(worker_pid: int, poll_s: float = 0.5) -> None:
+    """Exit when the worker process goes away. The socket's EOF says the same, but only once the step
+    loop reads it: a replica still loading its model (seconds, more on a busy host) would outlive a
+    worker killed meanwhile. (Not PR_SET_PDEATHSIG: it fires when the *thread* that started us
+    ends, and replicas are started from threads that do, e.g. the ASGI frontend's loading thread.)"""
+
+    def watch() -> None:
+        while os.getppid() == worker_pid:
+            time.sleep(poll_s)
+        os._exit(0)  # reparented: the worker died (before we got here, too)
+
+    threading.Thread(target=watch, name="worker-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
+    """argv: the socket's FD, then the worker's pid (the parent we must not outlive)."""
+    die_with_the_worker(int(argv[2]) if len(argv) > 2 else os.getppid())
     conn = Connection(int(argv[1]))
     try:
         return run(conn)

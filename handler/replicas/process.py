@@ -11,6 +11,7 @@ exit (EOF on the socket, then the exit status) within milliseconds of a kill -9.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -55,7 +56,7 @@ class ReplicaProcess:
         env = child_environment({} if spec.cores is None else {VISIBLE_CORES_ENV: format_core_list(spec.cores)})
         try:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "handler.replicas.child", str(theirs.fileno())],
+                [sys.executable, "-m", "handler.replicas.child", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),),
                 env=env,
             )

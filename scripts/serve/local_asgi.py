@@ -57,6 +57,18 @@ class AsgiFrontend:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}
 
+    @property
+    def inference_port(self) -> int:
+        """TorchServe's name for the port the routes are on (the tests probe either by it)."""
+        return self.port
+
+    def worker_pids(self) -> list[int]:
+        """The process that runs the engine: the frontend's own (it has no worker processes)."""
+        return [self.process.pid] if self.process.poll() is None else []
+
+    def scrape_metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10).text
+
     def log_text(self, name: str = "frontend.log") -> str:
         path = self.workdir / "frontend.log"
         return path.read_text(errors="replace") if path.exists() else ""

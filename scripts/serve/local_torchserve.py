@@ -263,6 +263,10 @@ def _wait_ready(server: TorchServe, timeout: float, body: dict[str, Any]) -> Non
     raise RuntimeError(f"torchserve did not become ready ({last}):\n{tail}")
 
 
-def copy_logs_on_failure(server: TorchServe, dest: Path) -> None:
+def copy_logs_on_failure(server: Any, dest: Path) -> None:
+    """TorchServe's logs folder, or the ASGI frontend's log (scripts/serve/local_asgi.py)."""
     if (server.workdir / "logs").exists():
         shutil.copytree(server.workdir / "logs", dest, dirs_exist_ok=True)
+    elif (server.workdir / "frontend.log").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy(server.workdir / "frontend.log", dest)

@@ -11,6 +11,7 @@ from tests.support.modes import MODES, with_mode
 from tests.support.torchserve_process import TorchServe, start_torchserve
 
 FAILPOINT_MARKER = "<<fail-inside-generate>>"
+E2E = Path(__file__).resolve().parent
 
 E2E_MODEL_CONFIG = {
     "minWorkers": 1,
@@ -33,8 +34,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The ASGI frontend's parameter (tests/support/asgi_frontend.py) runs only in the route tests
     marked `both_frontends` (a module's pytestmark or a test's), and not where a test is marked
     `torchserve_only` (it reads TorchServe's own logs, ports or archive), nor under
-    `--frontends torchserve`."""
+    `--frontends torchserve`. `--modes continuous` leaves out the e2e tests' static-mode runs."""
     asgi_too = config.getoption("frontends") == "both"
+    static_too = config.getoption("modes") == "both"
     keep, drop = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -42,7 +44,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         wanted = (
             asgi_too and item.get_closest_marker("both_frontends") and not item.get_closest_marker("torchserve_only")
         )
-        (drop if on_asgi and not wanted else keep).append(item)
+        static_run = "static" in params.values() and E2E in item.path.parents
+        (drop if (on_asgi and not wanted) or (static_run and not static_too) else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -55,13 +58,7 @@ def server(
     """One torchserve per scheduling mode, and the ASGI frontend, for the e2e tests of this package;
     stopped even if a test fails."""
     if request.param == ASGI:
-        frontend = start_asgi_frontend(
-            tmp_path_factory.mktemp("asgi"), tiny_model_dir, E2E_MODEL_CONFIG, env={FAILPOINT_ENV: FAILPOINT_MARKER}
-        )
-        try:
-            yield frontend
-        finally:
-            frontend.stop()
+        yield request.getfixturevalue("asgi_server")
         return
     workdir = tmp_path_factory.mktemp(f"torchserve-{request.param}")
     config = with_mode(E2E_MODEL_CONFIG, request.param)
@@ -71,6 +68,19 @@ def server(
         yield ts
     finally:
         ts.stop()
+
+
+@pytest.fixture(scope="package")
+def asgi_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AsgiFrontend]:
+    """One ASGI frontend (continuous, 4 slots) for the e2e tests of this package: the `server`
+    fixture's ASGI parameter and `probed_server`'s."""
+    frontend = start_asgi_frontend(
+        tmp_path_factory.mktemp("asgi"), tiny_model_dir, E2E_MODEL_CONFIG, env={FAILPOINT_ENV: FAILPOINT_MARKER}
+    )
+    try:
+        yield frontend
+    finally:
+        frontend.stop()
 
 
 @pytest.fixture(scope="package")
@@ -84,3 +94,10 @@ def continuous_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFac
         yield ts
     finally:
         ts.stop()
+
+
+@pytest.fixture(scope="package", params=("torchserve", ASGI))
+def probed_server(request: pytest.FixtureRequest) -> TorchServe | AsgiFrontend:
+    """The continuous torchserve and the ASGI frontend, each shared by the modules marked
+    `both_frontends` that probe one server from outside (isolation, fuzz, HTTP edges)."""
+    return request.getfixturevalue("continuous_server" if request.param == "torchserve" else "asgi_server")

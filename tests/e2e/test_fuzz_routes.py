@@ -44,6 +44,7 @@ from tests.e2e.isolation import (
     wait_until_serving,
     worker_pid,
 )
+from tests.support.asgi_frontend import AsgiFrontend
 from tests.support.torchserve_process import TorchServe, copy_logs_on_failure
 
 MAX_EXAMPLES = 300  # per route: each is one request, 25-40 ms on 2 cores (a 4xx or a 200 of a few tokens)
@@ -60,9 +61,13 @@ FUZZ_SETTINGS = settings(
 )
 
 
+pytestmark = pytest.mark.both_frontends
+
+
 @pytest.fixture(scope="module")
-def server(continuous_server: TorchServe) -> TorchServe:
-    return continuous_server
+def server(probed_server: TorchServe | AsgiFrontend) -> TorchServe | AsgiFrontend:
+    """The continuous torchserve and the ASGI frontend (there the worker's pid is the frontend's own)."""
+    return probed_server
 
 
 @pytest.fixture(scope="module")

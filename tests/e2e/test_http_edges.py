@@ -1,6 +1,7 @@
-"""HTTP edges through a real TorchServe: what the handler answers itself (a BOM before JSON, a
-compressed or form-encoded body), and, pinned as they are today, the edges only TorchServe's
-frontend controls (docs/operations.md says what a deployer does about each)."""
+"""HTTP edges through both frontends: what the handler answers itself (a BOM before JSON, a
+compressed or form-encoded body), and, side by side, the edges only the frontend controls:
+TorchServe's answers pinned as they are today (docs/operations.md says what a deployer does about
+each; a change in TorchServe shows here), the ASGI frontend's as docs/frontends.md gives them."""
 
 from __future__ import annotations
 
@@ -12,14 +13,22 @@ import httpx
 import pytest
 
 from scripts.serve.torchserve_compat import has_secure_defaults
+from tests.support.asgi_frontend import AsgiFrontend
 from tests.support.torchserve_process import TorchServe
 
 BODY = {"prompt": "Today the weather is", "max_new_tokens": 5, "ignore_eos": True, "stream": False}
+OVER_THE_BODY_LIMIT = 6_553_500 + 10  # TorchServe's max_request_size default, the ASGI frontend's too
+
+pytestmark = pytest.mark.both_frontends
 
 
 @pytest.fixture(scope="module")
-def served(continuous_server: TorchServe) -> TorchServe:
-    return continuous_server
+def served(probed_server: TorchServe | AsgiFrontend) -> TorchServe | AsgiFrontend:
+    return probed_server
+
+
+def on_asgi(served: TorchServe | AsgiFrontend) -> bool:
+    return isinstance(served, AsgiFrontend)
 
 
 def post(served: TorchServe, content: bytes, headers: dict[str, str]) -> httpx.Response:
@@ -47,34 +56,48 @@ def test_a_body_in_a_form_the_handler_cannot_read_is_a_415_naming_the_header(ser
     assert reply.json()["error"]["param"] == param
 
 
-# -- what only TorchServe's frontend decides (pinned: a change in TorchServe shows here) ----------
-def test_frontend_a_body_over_max_request_size_gets_an_empty_413(served):
-    reply = post(served, b"x" * (1024 * 1024 + 10), {"Content-Type": "text/plain"})
-    assert reply.status_code == 413 and reply.content == b""
+# -- what only the frontend decides ------------------------------------------------------
+def test_frontend_a_body_over_the_limit_is_a_413(served):
+    reply = post(served, b"x" * OVER_THE_BODY_LIMIT, {"Content-Type": "text/plain"})
+    assert reply.status_code == 413
+    if on_asgi(served):
+        assert reply.json()["error"]["param"] == "body"
+    else:
+        assert reply.content == b""  # TorchServe: an empty body
 
 
-def test_frontend_a_negative_content_length_gets_no_answer(served):
+def test_frontend_a_negative_content_length(served):
     with socket.create_connection(("127.0.0.1", served.inference_port), timeout=3) as conn:
         conn.sendall(
             f"POST /predictions/{served.model_name} HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n".encode()
         )
-        with pytest.raises(socket.timeout):
-            conn.recv(1024)  # held open, nothing written: put a proxy with client timeouts in front
+        if on_asgi(served):
+            assert conn.recv(1024).startswith(b"HTTP/1.1 400 ")  # at once
+        else:
+            with pytest.raises(socket.timeout):
+                conn.recv(1024)  # held open, nothing written: put a proxy with client timeouts in front
 
 
-@pytest.mark.skipif(not has_secure_defaults(), reason="TorchServe 0.11 has no token authorization")
 def test_frontend_what_answers_without_a_key(served):
     options = httpx.request("OPTIONS", f"{served.url}/", timeout=30)
+    wrong = httpx.get(f"{served.url}/ping", headers={"Authorization": "Bearer wrong"}, timeout=30)
+    if on_asgi(served):
+        metrics = httpx.get(f"{served.url}/metrics", timeout=30)
+        assert (options.status_code, metrics.status_code, wrong.status_code) == (401, 401, 401)
+        assert "version" not in options.text.lower()
+        return
+    if not has_secure_defaults():
+        pytest.skip("TorchServe 0.11 has no token authorization")
     assert options.status_code == 200 and "openapi" in options.text  # its OpenAPI document, with its version
     metrics = httpx.get(f"http://127.0.0.1:{served.metrics_port}/metrics", timeout=30)
     assert metrics.status_code == 200
-    wrong = httpx.get(f"{served.url}/ping", headers={"Authorization": "Bearer wrong"}, timeout=30)
     assert wrong.status_code == 400  # not 401
 
 
-def test_frontend_a_stream_carries_the_internal_ts_stream_next_header(served):
+def test_frontend_internal_headers_in_a_stream(served):
     body = {**BODY, "stream": True}
     with httpx.stream("POST", served.predictions_url, json=body, headers=served.headers, timeout=30) as reply:
         assert reply.status_code == 200
-        assert reply.headers.get("ts_stream_next") == "true"
+        # TorchServe's frontend-to-worker flag reaches the client; the ASGI frontend has no such protocol
+        assert reply.headers.get("ts_stream_next") == (None if on_asgi(served) else "true")
         reply.read()

@@ -1,11 +1,11 @@
 """`scheduler.replicas` through a real torchserve: R model copies in child processes of the one
-continuous worker.
+continuous worker (and of the ASGI frontend's process).
 
-- sim, R = 3: concurrent streams spread evenly over the replicas; a kill -9 of one replica
-  mid-stream ends its own streams with an in-band error within 5 s while the other replicas'
-  streams finish with a finish_reason; /ping stays 200 ("Degraded" while it restarts); the
-  replica comes back (a new process, after its warm-up) and is dispatched to again; every
-  slot is free at the end, and no replica outlives the server.
+- sim, R = 3, behind either frontend: concurrent streams spread evenly over the replicas; a kill
+  -9 of one replica mid-stream ends its own streams with an in-band error within 5 s while the
+  other replicas' streams finish with a finish_reason; /ping stays 200 ("Degraded" while it
+  restarts); the replica comes back (a new process, after its warm-up) and is dispatched to
+  again; every slot is free at the end, and no replica outlives the server.
 - hf (the tiny model), R = 2: greedy requests give the same text whichever replica serves
   them and whatever their batch-mates; logprobs work through a replica.
 """
@@ -24,25 +24,27 @@ import pytest
 
 from scripts.bench.soak import gauges
 from tests.e2e.faults import SIM_CONFIG, InBackground, Outcome, alive, openai_url
+from tests.support.asgi_frontend import ASGI, AsgiFrontend, start_asgi_frontend
 from tests.support.modes import with_mode
 from tests.support.torchserve_process import TorchServe, start_torchserve
 
 N_SLOTS = 8  # the sim profile's compiled batch size
+Served = TorchServe | AsgiFrontend
 ENDED_WITHIN_S = 5.0
 SERVING = re.compile(r"replica (\d+) \(pid (\d+)\) is serving")
 DISPATCHED = re.compile(r"request (\S+) to replica (\d+)")
 
 
-def replica_pids(server: TorchServe) -> dict[int, int]:
+def replica_pids(server: Served) -> dict[int, int]:
     """The latest pid of each replica that said it serves, from the worker's log."""
     return {int(index): int(pid) for index, pid in SERVING.findall(server.log_text())}
 
 
-def dispatched(server: TorchServe) -> Counter[int]:
+def dispatched(server: Served) -> Counter[int]:
     return Counter(int(index) for _, index in DISPATCHED.findall(server.log_text()))
 
 
-def replica_processes(server: TorchServe) -> list[int]:
+def replica_processes(server: Served) -> list[int]:
     found = []
     for worker in server.worker_pids():
         try:
@@ -52,7 +54,7 @@ def replica_processes(server: TorchServe) -> list[int]:
     return found
 
 
-def stop_and_check(server: TorchServe) -> None:
+def stop_and_check(server: Served) -> None:
     workers, children = server.worker_pids(), replica_processes(server)
     server.stop()
     deadline = time.monotonic() + 10
@@ -61,20 +63,25 @@ def stop_and_check(server: TorchServe) -> None:
     assert not [p for p in workers + children if alive(p)], "a worker or replica process outlived the server"
 
 
-@pytest.fixture
-def sim_replicas(tiny_model_dir: Path, tmp_path: Path) -> Iterator[TorchServe]:
+@pytest.fixture(params=("torchserve", ASGI))
+def sim_replicas(request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path: Path) -> Iterator[Served]:
+    """Three sim replicas behind TorchServe's one worker, or in the ASGI frontend's own process."""
     config = with_mode(SIM_CONFIG, "continuous", n_slots=N_SLOTS)
     config["scheduler"] = {**config["scheduler"], "replicas": 3}
     config.update(batchSize=3 * N_SLOTS, jobQueueSize=4 * 3 * N_SLOTS)
-    server = start_torchserve(tmp_path / "ts", tiny_model_dir, config)
+    if request.param == ASGI:
+        server: Served = start_asgi_frontend(tmp_path / "asgi", tiny_model_dir, config)
+    else:
+        server = start_torchserve(tmp_path / "ts", tiny_model_dir, config)
     try:
         yield server
     finally:
         stop_and_check(server)
 
 
+@pytest.mark.both_frontends
 @pytest.mark.timeout(300)
-def test_kill_9_of_one_replica_mid_stream(sim_replicas: TorchServe):
+def test_kill_9_of_one_replica_mid_stream(sim_replicas: Served):
     server = sim_replicas
     before = replica_pids(server)
     assert sorted(before) == [0, 1, 2], f"replicas serving at start: {before}"
@@ -132,7 +139,7 @@ def test_kill_9_of_one_replica_mid_stream(sim_replicas: TorchServe):
     assert httpx.get(f"{server.url}/ping", headers=server.headers).json()["status"] == "Healthy"
 
 
-def _ping_while_restarting(server: TorchServe) -> list[dict]:
+def _ping_while_restarting(server: Served) -> list[dict]:
     """/ping answers while the killed replica restarts: each must be 200."""
     seen = []
     deadline = time.monotonic() + 30

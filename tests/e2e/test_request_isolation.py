@@ -35,15 +35,20 @@ from tests.e2e.isolation import (
     probe,
     raw_json,
 )
+from tests.support.asgi_frontend import AsgiFrontend
 from tests.support.torchserve_process import TorchServe, copy_logs_on_failure
 
 STOP_ANSWER_S = 2.0  # "answered at once": parsing and refusing a 1 MB body takes milliseconds
 OPENAI_ROUTES = (COMPLETIONS, CHAT)
 
 
+pytestmark = pytest.mark.both_frontends
+
+
 @pytest.fixture(scope="module")
-def server(continuous_server: TorchServe) -> TorchServe:
-    return continuous_server
+def server(probed_server: TorchServe | AsgiFrontend) -> TorchServe | AsgiFrontend:
+    """The continuous torchserve and the ASGI frontend (there the worker's pid is the frontend's own)."""
+    return probed_server
 
 
 def check(server: TorchServe, request: pytest.FixtureRequest, probes: list[Probe]) -> None:

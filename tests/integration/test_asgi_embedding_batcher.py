@@ -16,6 +16,7 @@ import pytest
 
 from handler.config import ServingConfig
 from handler.core.embedding import EmbeddingCore, load_warm_encoder
+from handler.frontend.body import unless_disconnected
 from handler.frontend.embedding import Answer, EmbeddingBatcher
 from tests.integration.test_embedding_handler import TEXTS, embed_config
 
@@ -84,3 +85,39 @@ def test_feature_extraction_the_model_listing_and_a_generation_route(core: Embed
     assert models.status == 200 and [m["id"] for m in json.loads(models.body)["data"]] == ["tiny"]
     assert chat.status == 400 and "handler.task: generate" in chat.body
     assert batches == [3]
+
+
+def test_a_request_whose_client_left_while_queued_is_not_encoded(core: EmbeddingCore):
+    """handler/frontend/body.py's unless_disconnected around submit, as the app calls it: the client
+    of the first request disconnects while it waits for company; its batch holds only the other."""
+
+    async def run() -> tuple[Answer | None, Answer | None, list[int]]:
+        batches: list[int] = []
+        batcher = EmbeddingBatcher(core, "tiny", BATCH_SIZE, batch_delay_s=0.3)
+        handle = batcher.handle
+        batcher.handle = lambda batch: batches.append(len(batch)) or handle(batch)  # type: ignore[method-assign]
+        batcher.start()
+        left = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:  # the ASGI receive of a client that leaves
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def staying() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            return {}
+
+        body = json.dumps({"model": "tiny", "input": TEXTS[0]}).encode()
+        try:
+            gone = asyncio.ensure_future(unless_disconnected(receive, batcher.submit("v1/embeddings", body, "a")))
+            kept = asyncio.ensure_future(unless_disconnected(staying, batcher.submit("v1/embeddings", body, "b")))
+            await asyncio.sleep(0.05)
+            left.set()
+            return await gone, await kept, batches
+        finally:
+            await batcher.stop()
+
+    gone, kept, batches = asyncio.run(run())
+    assert gone is None
+    assert kept is not None and vectors(kept).shape == (1, core.encoder.dimension)
+    assert batches == [1]
