@@ -37,8 +37,7 @@ class ServedModel(LoadedOnAThread):
         self.core: GenerationCore | None = None
         self.bridge: EngineBridge | None = None
         self.engine: Engine | None = None
-
-        self.replicas: ReplicaSet | None = None
+        self.replicas: ReplicaSet | None = None  # with scheduler.replicas > 1: their health on /ping
 
     @property
     def ready(self) -> bool:
