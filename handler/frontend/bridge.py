@@ -1,7 +1,8 @@
 """The hand-over between the engine's stepping thread and the asyncio event loop.
 
 Each request's sequences are submitted the moment the request is prepared (the engine's next
-step admits them: no frontend round trip), and one dispatcher thread waits on the engine's
+step admits them: no frontend round trip; a step the engine holds for a likely newcomer, as a
+closed-loop client's next request, starts as soon as one arrives), and one dispatcher thread waits on the engine's
 outboxes and passes every update to the asyncio queue of the request it belongs to. A client
 that goes away aborts its sequences: the engine frees their slots at the start of its next step.
 """
@@ -48,6 +49,7 @@ class EngineBridge:
             self._has_work.notify_all()
         for sequence in batch:
             self.engine.submit(sequence)
+        self.engine.admissions_done()  # a step held for a newcomer may start: here it is
         return queue
 
     def abort(self, sequences: Iterable[Sequence]) -> None:

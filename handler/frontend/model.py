@@ -72,8 +72,8 @@ class ServedModel(LoadedOnAThread):
             engine: Engine = backend.replicas
             self.replicas = backend.replicas
             self.replicas.on_health = self._replica_health
-        else:  # the request is submitted when it arrives: no frontend round trip to hold a step for
-            engine = StepEngine(backend, settings.prefill_token_budget, admission_wait=0.0)
+        else:  # each request is submitted when it arrives; a hold waits for a likely newcomer's arrival
+            engine = StepEngine(backend, settings.prefill_token_budget, admission_wait=settings.admission_wait)
         engine.start()
         bridge = EngineBridge(engine, loop)
         bridge.start()

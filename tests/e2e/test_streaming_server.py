@@ -170,7 +170,9 @@ def test_plain_text_and_sagemaker_style_bodies(server):
 def test_a_row_that_ends_early_closes_its_stream_before_its_batch_mates(server):
     """The finish_reason line goes out when the row ends, not when the micro-batch does."""
     bodies = [
-        {"prompt": "Short answer", "max_new_tokens": 20, "ignore_eos": True},
+        # 60 tokens: the two requests leave their threads a few ms apart, and 20 tiny-model steps
+        # (about 30 ms) let the short one end before the long one's first line on the ASGI frontend
+        {"prompt": "Short answer", "max_new_tokens": 60, "ignore_eos": True},
         {"prompt": "Long answer", "max_new_tokens": 400, "ignore_eos": True},
     ]
     with ThreadPoolExecutor(2) as pool:
