@@ -6,11 +6,13 @@ modules marked `both_frontends`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,16 @@ def start_asgi_frontend(
             server.stop()
             raise
     return server
+
+
+@contextlib.contextmanager
+def running_asgi_frontend(*args: Any, **kwargs: Any) -> Iterator[AsgiFrontend]:
+    """`start_asgi_frontend(...)`'s server, stopped on leaving the block (a failure in it too)."""
+    server = start_asgi_frontend(*args, **kwargs)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def wait_ready(server: AsgiFrontend, timeout: float = READY_TIMEOUT_S) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
-from tests.support.asgi_frontend import ASGI, AsgiFrontend, start_asgi_frontend
+from tests.support.asgi_frontend import ASGI, AsgiFrontend, running_asgi_frontend
 from tests.support.modes import MODES, with_mode
 from tests.support.torchserve_process import TorchServe, start_torchserve
 
@@ -75,13 +75,10 @@ def server(
 def asgi_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AsgiFrontend]:
     """One ASGI frontend (continuous, 4 slots) for the e2e tests of this package: the `server`
     fixture's ASGI parameter and `probed_server`'s."""
-    frontend = start_asgi_frontend(
+    with running_asgi_frontend(
         tmp_path_factory.mktemp("asgi"), tiny_model_dir, E2E_MODEL_CONFIG, env={FAILPOINT_ENV: FAILPOINT_MARKER}
-    )
-    try:
+    ) as frontend:
         yield frontend
-    finally:
-        frontend.stop()
 
 
 @pytest.fixture(scope="package")

@@ -9,7 +9,7 @@ from huggingface_hub import InferenceClient
 
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from scripts.serve.torchserve_compat import has_secure_defaults
-from tests.support.asgi_frontend import ASGI, AsgiFrontend, start_asgi_frontend
+from tests.support.asgi_frontend import ASGI, AsgiFrontend, running_asgi_frontend
 from tests.support.modes import MODES, with_mode
 from tests.support.torchserve_process import TorchServe, start_torchserve
 
@@ -43,13 +43,10 @@ def server(
     """A real torchserve (token auth on where TorchServe has it) per scheduling mode, TGI for unrouted
     bodies; and the ASGI frontend for the modules marked both_frontends (tests/e2e/conftest.py)."""
     if request.param == ASGI:
-        frontend = start_asgi_frontend(
+        with running_asgi_frontend(
             tmp_path_factory.mktemp("asgi-tgi"), tiny_model_dir, TGI_MODEL_CONFIG, env={FAILPOINT_ENV: FAILPOINT_MARKER}
-        )
-        try:
+        ) as frontend:
             yield frontend
-        finally:
-            frontend.stop()
         return
     ts = start_torchserve(
         tmp_path_factory.mktemp(f"torchserve-tgi-{request.param}"),
