@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.serve.local_asgi import AsgiFrontend
 from scripts.serve.local_torchserve import TorchServe
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -95,21 +96,20 @@ LOG_TAIL_LINES = 40
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-    """A failing test that used a real torchserve gets the tail of its worker's log in its report:
-    CI shows only the report, and the workdir is gone with the machine."""
+    """A failing test that used a real server gets the tail of its log in its report (TorchServe's
+    worker log, or the ASGI frontend's): CI shows only the report, and the workdir is gone with the
+    machine."""
     outcome = yield
     report = outcome.get_result()
     if not report.failed:
         return
     for name, value in getattr(item, "funcargs", {}).items():
-        if isinstance(value, TorchServe):
-            report.sections.append((f"torchserve {name}: model_log.log (tail)", _log_tail(value)))
+        if isinstance(value, TorchServe | AsgiFrontend):
+            report.sections.append((f"{type(value).__name__} {name}: its log (tail)", _log_tail(value)))
 
 
-def _log_tail(server: TorchServe) -> str:
-    path = server.workdir / "logs" / "model_log.log"
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"(no log: {exc})"
+def _log_tail(server: TorchServe | AsgiFrontend) -> str:
+    lines = server.log_text().splitlines()  # the default log of each: model_log.log, frontend.log
+    if not lines:
+        return "(no log)"
     return "\n".join(line[:400] for line in lines[-LOG_TAIL_LINES:])

@@ -47,8 +47,10 @@ class ServedModel(LoadedOnAThread):
         """As TorchServe's plugin answers for a worker's replicas: 200 "Degraded" while some are
         down (restarting) and one serves, 503 "Unhealthy" while none does."""
         status, body = super().readiness()
-        health = self.replicas.health() if self.replicas is not None and status == 200 else None
-        if health is None or health.problem is None:
+        if status != 200 or self.replicas is None:
+            return status, body
+        health = self.replicas.health()
+        if health.problem is None:
             return status, body
         if health.ready:
             return 200, {"status": "Degraded", "message": health.problem}

@@ -172,7 +172,7 @@ def die_with_the_worker(worker_pid: int, poll_s: float = 0.5) -> None:
 
 def main(argv: list[str]) -> int:
     """argv: the socket's FD, then the worker's pid (the parent we must not outlive)."""
-    die_with_the_worker(int(argv[2]) if len(argv) > 2 else os.getppid())
+    die_with_the_worker(int(argv[2]))
     conn = Connection(int(argv[1]))
     try:
         return run(conn)

@@ -72,7 +72,7 @@ class AsgiFrontend:
         return httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10).text
 
     def log_text(self, name: str = "frontend.log") -> str:
-        path = self.workdir / "frontend.log"
+        path = self.workdir / "logs" / name
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self) -> int | None:
@@ -141,7 +141,8 @@ def start_asgi_frontend(
         command += ["--key-file", str(workdir / "key.txt"), *extra_args]
         if sagemaker:
             command.append("--sagemaker")
-    with open(workdir / "frontend.log", "wb") as log:
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)  # where TorchServe's go: one copy rule for both
+    with open(workdir / "logs" / "frontend.log", "wb") as log:
         process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     server = AsgiFrontend(workdir, model_name, port, process, sagemaker, env=dict(env or {}))
     if wait:

@@ -264,9 +264,6 @@ def _wait_ready(server: TorchServe, timeout: float, body: dict[str, Any]) -> Non
 
 
 def copy_logs_on_failure(server: Any, dest: Path) -> None:
-    """TorchServe's logs folder, or the ASGI frontend's log (scripts/serve/local_asgi.py)."""
+    """The server's logs folder: TorchServe's, or the ASGI frontend's (scripts/serve/local_asgi.py)."""
     if (server.workdir / "logs").exists():
         shutil.copytree(server.workdir / "logs", dest, dirs_exist_ok=True)
-    elif (server.workdir / "frontend.log").exists():
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy(server.workdir / "frontend.log", dest)

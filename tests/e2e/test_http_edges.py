@@ -31,7 +31,7 @@ def on_asgi(served: TorchServe | AsgiFrontend) -> bool:
     return isinstance(served, AsgiFrontend)
 
 
-def post(served: TorchServe, content: bytes, headers: dict[str, str]) -> httpx.Response:
+def post(served: TorchServe | AsgiFrontend, content: bytes, headers: dict[str, str]) -> httpx.Response:
     return httpx.post(served.predictions_url, content=content, headers={**served.headers, **headers}, timeout=30)
 
 
