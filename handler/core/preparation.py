@@ -255,20 +255,6 @@ class GenerationCore:
                 "prompt",
             )
 
-    def log_request(self, work: Work, sequence: Sequence | None = None) -> None:
-        s = sequence or work.sequence
-        ttft = (s.first_token_at - s.received_at) * 1000 if s.first_token_at else float("nan")
-        total = ((s.last_token_at or s.received_at) - s.received_at) * 1000
-        logger.info(
-            "request %s: prompt_tokens=%d completion_tokens=%d ttft_ms=%.1f total_ms=%.1f finish_reason=%s",
-            s.request_id,
-            len(s.prompt_ids),
-            s.completion_tokens,
-            ttft,
-            total,
-            s.finish_reason.value,
-        )
-
     def close(self) -> None:
         self.constraints.close()
         self.backend.close()

@@ -136,7 +136,7 @@ def build_app(
             return body
 
         work = await asyncio.to_thread(core.prepare_request, work, route, model_name, read, headers)
-        return GenerationResponse(core, bridge, metrics, work, metric_route)
+        return GenerationResponse(bridge, metrics, work, metric_route)
 
     def _check_model(request: Request) -> None:
         name = request.path_params["model"]

@@ -1,10 +1,10 @@
-"""The hand-over between the engine's stepping thread and the asyncio event loop.
+"""The hand-over between the engine client (handler/core/engine_client.py) and the asyncio
+event loop.
 
-Each request's sequences are submitted the moment the request is prepared (the engine's next
-step admits them: no frontend round trip; a step the engine holds for a likely newcomer, as a
-closed-loop client's next request, starts as soon as one arrives), and one dispatcher thread waits on the engine's
-outboxes and passes every update to the asyncio queue of the request it belongs to. A client
-that goes away aborts its sequences: the engine frees their slots at the start of its next step.
+Each request is handed to the engine client the moment it is prepared, and one dispatcher
+thread waits on the client for every request in flight and passes each request's news to its
+asyncio queue, one wake-up of the loop per step whatever the number of streams. A client that
+goes away releases its request: the engine frees its slots at its next step.
 """
 
 from __future__ import annotations
@@ -12,26 +12,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable
 
-from handler.engine.interface import Engine
-from handler.engine.outbox import Update
-from handler.engine.sequence import Sequence
-from handler.errors import ServingError
+from handler.core.engine_client import EngineClient
+from handler.core.preparation import Work
+from handler.core.response import News
 
 logger = logging.getLogger(__name__)
 
-# Longest the dispatcher waits on the engine before it looks again (new requests wake it at the
-# engine's next step anyway).
+# Longest the dispatcher waits before it looks again (the engine client's step watchdog and held
+# constraints are checked then; news wakes it at once).
 WAIT_CAP_S = 0.5
 
 
 class EngineBridge:
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
-        self.engine = engine
+    def __init__(self, client: EngineClient, loop: asyncio.AbstractEventLoop) -> None:
+        self.client = client
         self._loop = loop
         self._lock = threading.Lock()
-        self._queues: dict[str, asyncio.Queue[Update]] = {}  # sequence id -> its request's queue
+        self._queues: dict[str, asyncio.Queue[News]] = {}  # request id -> its queue
         self._has_work = threading.Condition(self._lock)
         self._stopping = False
         self._thread = threading.Thread(target=self._dispatch, name="frontend-dispatch", daemon=True)
@@ -39,35 +37,24 @@ class EngineBridge:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, sequences: Iterable[Sequence]) -> asyncio.Queue[Update]:
-        """Hand a request's sequences to the engine; its updates arrive on the returned queue."""
-        queue: asyncio.Queue[Update] = asyncio.Queue()
-        batch = list(sequences)
+    def submit(self, work: Work) -> asyncio.Queue[News]:
+        """Hand a prepared request over; its news arrives on the returned queue."""
+        queue: asyncio.Queue[News] = asyncio.Queue()
         with self._lock:
-            for sequence in batch:
-                self._queues[sequence.request_id] = queue
+            self._queues[work.request_id] = queue
             self._has_work.notify_all()
-        for sequence in batch:
-            self.engine.submit(sequence)
-        self.engine.admissions_done()  # a step held for a newcomer may start: here it is
+        self.client.submit(work)
         return queue
 
-    def abort(self, sequences: Iterable[Sequence]) -> None:
-        """The client went away (or the request ended early): free its slots at the next step."""
-        for sequence in sequences:
-            with self._lock:
-                known = self._queues.pop(sequence.request_id, None) is not None
-            if known:
-                self.engine.abort(sequence.request_id)
+    def release(self, work: Work) -> bool:
+        """The response is over (or its client went away); whether the request was still generating."""
+        with self._lock:
+            self._queues.pop(work.request_id, None)
+        return self.client.release(work.request_id)
 
     @property
     def in_flight(self) -> int:
-        """Sequences submitted and not ended (waiting for a slot or decoding)."""
-        with self._lock:
-            return len(self._queues)
-
-    def fail_all(self, error: ServingError) -> None:
-        self.engine.fail_all(error)
+        return self.client.in_flight
 
     def stop(self) -> None:
         with self._lock:
@@ -84,23 +71,17 @@ class EngineBridge:
                     return
                 ids = list(self._queues)
             try:
-                self.engine.wait(ids, self.engine.steps, WAIT_CAP_S)
-                updates = self.engine.take(ids)
+                self.client.wait(ids, self.client.steps, WAIT_CAP_S)
+                news = self.client.take(ids)
             except Exception:  # a bug; keep dispatching
-                logger.exception("taking the engine's updates failed")
+                logger.exception("taking the engine's news failed")
                 continue
-            deliveries = []
             with self._lock:
-                for sequence_id, update in updates.items():
-                    queue = self._queues.get(sequence_id)
-                    if update.ended:
-                        self._queues.pop(sequence_id, None)
-                    if queue is not None:
-                        deliveries.append((queue, update))
-            if deliveries:  # one wake-up of the loop per step, whatever the number of streams
+                deliveries = [(self._queues[i], n) for i, n in news.items() if i in self._queues]
+            if deliveries:
                 self._loop.call_soon_threadsafe(_deliver, deliveries)
 
 
-def _deliver(deliveries: list[tuple[asyncio.Queue[Update], Update]]) -> None:
-    for queue, update in deliveries:
-        queue.put_nowait(update)
+def _deliver(deliveries: list[tuple[asyncio.Queue[News], News]]) -> None:
+    for queue, news in deliveries:
+        queue.put_nowait(news)

@@ -1,76 +1,114 @@
-"""Prometheus metrics of the ASGI frontend (`GET /metrics`, text format 0.0.4), written by hand:
-the same names as the TorchServe adapter's custom metrics (handler/serving/metrics.py), as
-counters, sums and counts (means: rate(sum) / rate(count)), plus the frontend's own requests."""
+"""Prometheus metrics of the ASGI frontend (`GET /metrics`), kept by prometheus_client: the catalogue
+of handler/core/metrics.py (the names TorchServe's custom metrics have), recorded through the same
+`ServingMetrics` as the TorchServe adapter, plus the frontend's own requests."""
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
-from handler.core.timing import request_figures
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from handler.core.metrics import (
+    ALL_METRICS,
+    BY_NAME,
+    ENGINE_STEPS,
+    REPLICA_OCCUPIED,
+    MetricKind,
+    MetricSpec,
+    ServingMetrics,
+)
 from handler.engine.sequence import Sequence
 from handler.engine.step_engine import StepRecord
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+if TYPE_CHECKING:
+    from handler.replicas.replica_set import Health
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+INF = float("inf")
+# Step times run from a millisecond (sim, small models) to seconds (long prefills); TTFT and
+# queue waits up to a minute under load.
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, INF)
+RATIO_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0, INF)
+# Totals their owner keeps (the engine counts its steps), read at scrape time rather than added to.
+SCRAPED_TOTALS = (ENGINE_STEPS,)
+
+
+def _metric(spec: MetricSpec, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+    if spec.kind is MetricKind.COUNTER:
+        return Counter(spec.name, spec.help, spec.labels, registry=registry)
+    if spec.kind is MetricKind.GAUGE:
+        return Gauge(spec.name, spec.help, spec.labels, registry=registry)
+    buckets = RATIO_BUCKETS if spec.unit == "ratio" else SECONDS_BUCKETS
+    return Histogram(spec.name, spec.help, spec.labels, registry=registry, buckets=buckets)
+
+
+class _ScrapedTotals(Collector):
+    def __init__(self, totals: dict[str, float]) -> None:
+        self.totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        for spec in SCRAPED_TOTALS:
+            yield CounterMetricFamily(spec.name, spec.help, value=self.totals.get(spec.name, 0.0))
 
 
 class FrontendMetrics:
+    """A `MetricSink` over a registry of its own (several apps may live in one process, as in the
+    tests); `serving` records into it as the TorchServe adapter records into TorchServe."""
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._responses: Counter[tuple[str, int]] = Counter()  # (route, status)
-        self._sums: Counter[str] = Counter()
-        self._counts: Counter[str] = Counter()
-        self._counters: Counter[str] = Counter()
+        self.registry = CollectorRegistry()
+        self._metrics = {spec.name: _metric(spec, self.registry) for spec in ALL_METRICS if spec not in SCRAPED_TOTALS}
+        self._totals: dict[str, float] = {}
+        self._refused: set[str] = set()  # names render() was given that it cannot set (warned once)
+        self.registry.register(_ScrapedTotals(self._totals))
+        self.serving = ServingMetrics(self, compiled_batch_size=1)  # no micro-batches here
+
+    def observe(self, spec: MetricSpec, value: float, labels: dict[str, str] | None = None) -> None:
+        if spec in SCRAPED_TOTALS:
+            self._totals[spec.name] = value
+            return
+        metric = self._metrics[spec.name]
+        child = metric.labels(**labels) if labels else metric
+        if spec.kind is MetricKind.HISTOGRAM:
+            child.observe(value)
+        elif spec.kind is MetricKind.COUNTER:
+            child.inc(value)
+        else:
+            child.set(value)
 
     def response(self, route: str, status: int) -> None:
-        with self._lock:
-            self._responses[(route, status)] += 1
+        self.serving.response(route, status)
 
     def request_finished(self, sequence: Sequence) -> None:
-        figures = request_figures(sequence)
-        if figures is None:
-            return
-        with self._lock:
-            self._observe("llm_time_to_first_token_seconds", figures.ttft_s)
-            if figures.itl_s is not None:
-                self._observe("llm_inter_token_latency_seconds", figures.itl_s)
-            if sequence.admitted_at is not None:
-                self._observe("llm_queue_wait_seconds", max(0.0, sequence.admitted_at - sequence.received_at))
-            self._counters["llm_generated_tokens_total"] += figures.generated_tokens
+        self.serving.request_finished(sequence)
 
-    def engine_steps(self, records: Iterable[StepRecord]) -> None:
-        with self._lock:
-            for record in records:
-                if record.prefill_s is not None:
-                    self._observe("llm_prefill_step_seconds", record.prefill_s)
-                if record.decode_s is not None:
-                    self._observe("llm_decode_step_seconds", record.decode_s)
+    def engine_steps(
+        self, records: Iterable[StepRecord], occupied: int | None = None, waiting: int | None = None
+    ) -> None:
+        self.serving.engine_steps(records, occupied, waiting)
+
+    def replicas(self, health: Health) -> None:
+        """The replica gauges; a replica that is not serving drops out of the per-replica one."""
+        self._metrics[REPLICA_OCCUPIED.name].clear()
+        self.serving.replicas(health)
 
     def cancelled(self) -> None:
-        with self._lock:
-            self._counters["llm_cancelled_requests_total"] += 1
-
-    def _observe(self, name: str, value: float) -> None:
-        self._sums[name] += value
-        self._counts[name] += 1
+        self.serving.cancelled()
 
     def render(self, gauges: dict[str, float]) -> str:
-        """The exposition text; `gauges` are read at scrape time (slots occupied, requests waiting...)."""
-        lines: list[str] = []
-        with self._lock:
-            lines += ["# TYPE llm_http_responses_total counter"]
-            for (route, status), n in sorted(self._responses.items()):
-                lines.append(f'llm_http_responses_total{{route="{route}",status="{status}"}} {n}')
-            for name in sorted(self._counters):
-                lines += [f"# TYPE {name} counter", f"{name} {self._counters[name]}"]
-            for name in sorted(self._sums):
-                lines += [
-                    f"# TYPE {name} summary",
-                    f"{name}_sum {self._sums[name]:.6f}",
-                    f"{name}_count {self._counts[name]}",
-                ]
-        for name, value in sorted(gauges.items()):
-            kind = "counter" if name.endswith("_total") else "gauge"
-            lines += [f"# TYPE {name} {kind}", f"{name} {value:g}"]
-        return "\n".join(lines) + "\n"
+        """The exposition text. `gauges` are values read at scrape time: catalogue gauges (llm_model_ready...)
+        and the totals of SCRAPED_TOTALS (with or without `_total`)."""
+        for name, value in gauges.items():
+            spec = BY_NAME.get(name.removesuffix("_total"))
+            if spec is not None and (spec.kind is MetricKind.GAUGE or spec in SCRAPED_TOTALS):
+                self.serving.record(spec, value)
+            elif name not in self._refused:
+                self._refused.add(name)
+                logger.warning("%s is neither a gauge nor a scraped total of the metric catalogue", name)
+        return generate_latest(self.registry).decode()

@@ -9,16 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from handler.config import ServingConfig
+from handler.core.engine_client import EngineClient
 from handler.core.preparation import GenerationCore, load_model
 from handler.engine.interface import Engine
-from handler.engine.step_engine import StepEngine
-from handler.errors import ConfigError, EngineError
+from handler.errors import ConfigError
 from handler.frontend.bridge import EngineBridge
 from handler.frontend.loading import LoadedOnAThread
 from handler.frontend.metrics import FrontendMetrics
 from handler.frontend.threads import leave_a_core_to_the_loop
-from handler.replicas.model import ReplicatedModel
-from handler.replicas.replica_set import ReplicaSet
+from handler.replicas.replica_set import Health, ReplicaSet
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +34,7 @@ class ServedModel(LoadedOnAThread):
             )
         super().__init__(config, model_dir)
         self.core: GenerationCore | None = None
+        self.client: EngineClient | None = None
         self.bridge: EngineBridge | None = None
         self.engine: Engine | None = None
         self.replicas: ReplicaSet | None = None  # with scheduler.replicas > 1: their health on /ping
@@ -56,54 +56,43 @@ class ServedModel(LoadedOnAThread):
             return 200, {"status": "Degraded", "message": health.problem}
         return 503, {"status": "Unhealthy", "message": health.problem}
 
-    def _replica_health(self) -> None:
+    def _replica_health(self, health: Health) -> None:
         """A replica went down, came back or gave up (from the replica set's threads). One that gave
-        up fails the model, as the TorchServe worker fails: its requests end, /ping is 503."""
-        assert self.replicas is not None
-        health = self.replicas.health()
-        if health.failed is not None and self.failure is None:
-            self.failure = f"the model's replicas failed: {health.failed}"
-            self.replicas.fail_all(EngineError(self.failure))
+        up fails the model, as the TorchServe worker fails (the engine client ended its requests):
+        /ping is 503."""
+        if health.failed is not None and self.failure is None and self.client is not None:
+            self.failure = self.client.failure
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         leave_a_core_to_the_loop(self.config.handler.cpu_threads)
-        backend = load_model(self.config, str(self.model_dir))
-        core = GenerationCore(self.config, backend)
-        settings = self.config.scheduler
-        if isinstance(backend, ReplicatedModel):
-            engine: Engine = backend.replicas
-            self.replicas = backend.replicas
-            self.replicas.on_health = self._replica_health
-        else:  # each request is submitted when it arrives; a hold waits for a likely newcomer's arrival
-            engine = StepEngine(backend, settings.prefill_token_budget, admission_wait=settings.admission_wait)
-        engine.start()
-        bridge = EngineBridge(engine, loop)
+        core = GenerationCore(self.config, load_model(self.config, str(self.model_dir)))
+        client = EngineClient.build(core)
+        client.on_health = self._replica_health
+        client.start()
+        bridge = EngineBridge(client, loop)
         bridge.start()
-        self.core, self.engine, self.bridge = core, engine, bridge
+        self.core, self.client, self.engine, self.replicas = core, client, client.engine, client.replicas
+        self.bridge = bridge
         logger.info("the ASGI frontend serves the model")
 
     def gauges(self, metrics: FrontendMetrics | None = None) -> dict[str, float]:
-        """The gauges at scrape time; the engine's step records since the last scrape go to `metrics`."""
+        """The values read at scrape time; the engine's step records since the last scrape, its slot
+        gauges and the replicas' health go to `metrics` themselves."""
         engine, bridge = self.engine, self.bridge
-        if engine is not None and metrics is not None:
-            metrics.engine_steps(engine.take_records())
         out = {"llm_model_ready": 1.0 if self.ready else 0.0}
         if engine is not None and bridge is not None:
-            out |= {
-                "llm_slots_occupied": engine.occupied,
-                "llm_requests_waiting": engine.waiting,
-                "llm_requests_in_flight": bridge.in_flight,
-                "llm_engine_steps_total": engine.steps,
-            }
-        if self.replicas is not None:
-            out["llm_replicas_ready"] = self.replicas.health().ready
+            out |= {"llm_requests_in_flight": bridge.in_flight, "llm_engine_steps_total": engine.steps}
+        if metrics is not None and engine is not None:
+            metrics.engine_steps(engine.take_records(), engine.occupied, engine.waiting)
+        if metrics is not None and self.replicas is not None:
+            metrics.replicas(self.replicas.health())
         return out
 
     def close(self) -> None:
         self._wait_for_loading()
         if self.bridge is not None:
             self.bridge.stop()
-        if self.engine is not None:
-            self.engine.stop()
+        if self.client is not None:
+            self.client.stop()
         if self.core is not None:
             self.core.close()

@@ -21,6 +21,7 @@ from typing import Any
 from ts.handler_utils.micro_batching import MicroBatching
 from ts.handler_utils.utils import send_intermediate_predict_response
 
+from handler.core.response import log_request
 from handler.engine.micro_batch import MicroBatchEngine
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, ServingError
@@ -125,7 +126,7 @@ class StaticServing:
             if work.chunks_sent:  # status 200 is already on the wire: report in-band
                 return work.api.error(error, midstream=True)
             return error_reply(context, work.index, work.api, error)
-        self.service.log_request(work)
+        log_request(sequence)
         self.service.token_metrics.request_finished(context, sequence)
         return "" if work.final_sent else work.api.final(sequence)
 

@@ -1,4 +1,5 @@
-"""handler/serving/metrics.py: the figures, the X-Request-Start header, and what reaches TorchServe."""
+"""handler/serving/metrics.py: the figures, the X-Request-Start header, and what reaches TorchServe
+(the catalogue's metrics through `TorchServeSink`, and `TokenMetrics`' context-taking calls)."""
 
 import logging
 import time
@@ -8,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 import ts
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.metrics.metric_type_enum import MetricTypes
 
+import handler.core.metrics
 import handler.serving.metrics
-from handler.engine.step_engine import StepRecord
-from handler.replicas.replica_set import Health
-from handler.serving.metrics import (
+from handler.core.metrics import (
     ALL_METRICS,
     CANCELLED,
     DECODE_STEP,
@@ -23,15 +24,23 @@ from handler.serving.metrics import (
     PREFILL_STEP,
     QUEUE_WAIT,
     ROUND_TRIP,
+    SERVING_METRICS,
     STEP_DETOKENIZE,
     STEP_SAMPLING,
     TTFT,
     WAITING,
-    TokenMetrics,
-    arrival_time,
-    parse_request_start,
-    request_figures,
+    MetricKind,
+    ServingMetrics,
 )
+from handler.engine.step_engine import StepRecord
+from handler.replicas.replica_set import Health
+from handler.serving.metrics import TokenMetrics, TorchServeSink, arrival_time, parse_request_start, request_figures
+
+TS_TYPES = {
+    MetricKind.COUNTER: MetricTypes.COUNTER,
+    MetricKind.GAUGE: MetricTypes.GAUGE,
+    MetricKind.HISTOGRAM: MetricTypes.HISTOGRAM,
+}
 
 
 def sequence(received=10.0, first=10.2, last=11.2, tokens=11, admitted=None):
@@ -41,8 +50,8 @@ def sequence(received=10.0, first=10.2, last=11.2, tokens=11, admitted=None):
 
 
 class FrozenClock:
-    """Stands in for the `time` module in handler/serving/metrics.py: both clocks stand still, so a
-    figure computed from them is exact, whatever else the machine is doing."""
+    """Stands in for the `time` module in handler/serving/metrics.py and handler/core/metrics.py: both
+    clocks stand still, so a figure computed from them is exact, whatever else the machine is doing."""
 
     def __init__(self) -> None:
         self.perf = 5_000.0  # time.perf_counter()
@@ -59,6 +68,7 @@ class FrozenClock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
     frozen = FrozenClock()
     monkeypatch.setattr(handler.serving.metrics, "time", frozen)
+    monkeypatch.setattr(handler.core.metrics, "time", frozen)
     return frozen
 
 
@@ -108,11 +118,11 @@ def test_emits_every_metric_with_type_and_unit(clock):
     by_name = {}
     for name, value, unit, kind in recorder.calls:
         by_name.setdefault(name, []).append((value, unit, kind))
-    assert by_name[FILL.name] == [(0.25, FILL.unit, FILL.metric_type)]
+    assert by_name[FILL.name] == [(0.25, "ratio", MetricTypes.HISTOGRAM)]
     assert sorted(v for v, _, _ in by_name[QUEUE_WAIT.name]) == pytest.approx([0.25, 0.5])
-    assert by_name[TTFT.name] == [(pytest.approx(0.2), "s", TTFT.metric_type)]
-    assert by_name[ITL.name] == [(pytest.approx(0.1), "s", ITL.metric_type)]
-    assert by_name[GENERATED_TOKENS.name] == [(11, "count", GENERATED_TOKENS.metric_type)]
+    assert by_name[TTFT.name] == [(pytest.approx(0.2), "s", MetricTypes.HISTOGRAM)]
+    assert by_name[ITL.name] == [(pytest.approx(0.1), "s", MetricTypes.HISTOGRAM)]
+    assert by_name[GENERATED_TOKENS.name] == [(11, "count", MetricTypes.COUNTER)]
 
 
 def test_the_calls_are_valid_for_torchserves_metric_cache(caplog):
@@ -127,13 +137,13 @@ def test_the_calls_are_valid_for_torchserves_metric_cache(caplog):
     metrics.micro_batch_started(ctx, [time.perf_counter()])
     metrics.request_finished(ctx, sequence())
     continuous_mode_metrics(metrics, ctx)
-    assert not metrics._warned
+    assert not metrics.serving.warned
     assert "Failed" not in caplog.text
     assert {
         r.getMessage().split("[METRICS]")[1].split(".")[0] for r in caplog.records if "[METRICS]llm_" in r.getMessage()
-    } == {spec.name for spec in ALL_METRICS}
-    for spec in ALL_METRICS:
-        assert cache.get_metric(spec.name, spec.metric_type) is not None
+    } == {spec.name for spec in SERVING_METRICS}
+    for spec in SERVING_METRICS:
+        assert cache.get_metric(spec.name, TS_TYPES[spec.kind]) is not None
 
 
 def continuous_mode_metrics(metrics: TokenMetrics, ctx) -> None:
@@ -180,7 +190,60 @@ def test_a_broken_metrics_object_never_fails_a_request():
     ctx = SimpleNamespace(metrics=None)
     metrics = TokenMetrics(compiled_batch_size=4)
     metrics.request_finished(ctx, sequence())  # no exception
-    assert metrics._warned
+    assert metrics.serving.warned
+
+
+def test_every_catalogue_metric_reaches_torchserve_with_its_type_unit_and_dimensions():
+    recorder = Recorder()
+    sink = TorchServeSink()
+    sink.bind(SimpleNamespace(metrics=recorder))
+    for spec in ALL_METRICS:
+        sink.observe(spec, 1.23456789, {label: f"{label}-value" for label in spec.labels})
+    assert [(name, value, unit, kind) for name, value, unit, kind in recorder.calls] == [
+        (spec.name, 1.234568, spec.unit, TS_TYPES[spec.kind]) for spec in ALL_METRICS
+    ]
+    assert [[(d.name, d.value) for d in dims] for dims in recorder.dimensions] == [
+        [(label, f"{label}-value") for label in spec.labels] for spec in ALL_METRICS
+    ]
+
+
+def test_token_metrics_emit_every_serving_metric_with_its_torchserve_type(clock):
+    """Both modes' calls together reach TorchServe with every metric of the handler's set, each
+    with the type and unit of the catalogue."""
+    recorder = Recorder()
+    ctx = SimpleNamespace(metrics=recorder)
+    metrics = TokenMetrics(compiled_batch_size=4)
+    metrics.micro_batch_started(ctx, [clock.perf - 0.5])
+    metrics.request_finished(ctx, sequence())
+    continuous_mode_metrics(metrics, ctx)
+    by_spec = {spec.name: spec for spec in SERVING_METRICS}
+    assert {name for name, _, _, _ in recorder.calls} == set(by_spec)
+    for name, _, unit, kind in recorder.calls:
+        assert (unit, kind) == (by_spec[name].unit, TS_TYPES[by_spec[name].kind]), name
+    assert not metrics.serving.warned
+
+
+def test_bind_hands_out_the_context_free_recorder():
+    """What the continuous mode can hold instead of passing the context on every call."""
+    recorder = Recorder()
+    metrics = TokenMetrics(compiled_batch_size=4)
+    serving = metrics.bind(SimpleNamespace(metrics=recorder))
+    assert serving is metrics.serving and isinstance(serving, ServingMetrics)
+    serving.cancelled()
+    serving.round_trip(0.25)
+    assert [(name, value) for name, value, _, _ in recorder.calls] == [(CANCELLED.name, 1), (ROUND_TRIP.name, 0.25)]
+
+
+def test_an_unbound_sink_or_a_malformed_sequence_only_warns_once(caplog):
+    metrics = ServingMetrics(TorchServeSink(), compiled_batch_size=4)
+    metrics.cancelled()  # no context bound yet: no exception
+    assert metrics.warned and "could not record metric llm_cancelled_requests" in caplog.text
+    bound = TokenMetrics(compiled_batch_size=4)
+    bound.request_finished(SimpleNamespace(metrics=Recorder()), sequence(received=None))  # TTFT of None
+    assert bound.serving.warned
+    caplog.clear()
+    metrics.cancelled()
+    assert "could not record" not in caplog.text  # once per recorder
 
 
 def test_ttft_counts_from_receipt_not_from_the_end_of_parsing(tiny_tokenizer):
