@@ -1,4 +1,5 @@
-"""Wire protocols, chosen per request by the path after `/predictions/<model>/<version>/`.
+"""Wire protocols, chosen per request by the path after `/predictions/<model>/<version>/`
+(the named routes are declared once, in handler/api/routes.py):
 
 ''                      native NDJSON, or OpenAI for an OpenAI-shaped body (below)
 'v1/completions'        OpenAI completions (SSE when streaming)
@@ -33,21 +34,16 @@ from handler.api.embedding_schemas import GENERATION_FIELDS, SERVES_EMBEDDINGS
 from handler.api.embeddings import EmbeddingApi, FeatureExtractionApi, OpenAIEmbeddingsApi
 from handler.api.native import NativeApi
 from handler.api.openai import ChatCompletionsApi, CompletionsApi, ModelsApi
+from handler.api.routes import ApiContext, Route, Task, match
 from handler.api.tgi import TgiApi
 from handler.api.tool_parsers import DEFAULT_TOOL_PARSER
 from handler.errors import InvalidRequest, NotFound
 
-_COMPLETIONS = "v1/completions"
-_CHAT = "v1/chat/completions"
-_MODELS = "v1/models"
-_TGI_GENERATE = "generate"
-_TGI_GENERATE_STREAM = "generate_stream"
-_EMBEDDINGS = "v1/embeddings"
-_GENERATION_ROUTES = (_COMPLETIONS, _CHAT, _TGI_GENERATE, _TGI_GENERATE_STREAM)
 SERVES_GENERATION = (
     "this archive serves text generation (handler.task: generate); embeddings are served by an archive with "
     "handler.task: embed (configs/model-config-embed.yaml, docs/embeddings.md)"
 )
+_SERVES: dict[Task, str] = {"generate": SERVES_GENERATION, "embed": SERVES_EMBEDDINGS}
 
 
 def route_path(url_path: str | None) -> str:
@@ -68,21 +64,10 @@ def select_api(
     path = route_path(url_path)
     if not path:
         return _api_for_body(body, model_name, no_route_api, tool_parser)
-    if path == _TGI_GENERATE:
-        return TgiApi()
-    if path == _TGI_GENERATE_STREAM:
-        return TgiApi(always_stream=True)
-    if path == _CHAT:
-        return ChatCompletionsApi(model_name, tool_parser)
-    if path == _COMPLETIONS:
-        return CompletionsApi(model_name)
-    if path == _MODELS:
-        return ModelsApi(model_name)
-    if path.startswith(_MODELS + "/"):
-        return ModelsApi(model_name, path[len(_MODELS) + 1 :])
-    if path == _EMBEDDINGS:
-        raise InvalidRequest(f"{path}: {SERVES_GENERATION}", "url_path")
-    raise NotFound(f"unknown route '{path}'", "url_path")
+    route, model_id = _served(path, "generate")
+    api = route.build(ApiContext(model_name, tool_parser=tool_parser, model_id=model_id))
+    assert isinstance(api, Api), f"{route.name} answers with {type(api).__name__}"
+    return api
 
 
 def select_embedding_api(
@@ -90,16 +75,11 @@ def select_embedding_api(
 ) -> EmbeddingApi | ModelsApi:
     """The route of a request to an embedding archive; `dimension` is the model's (for `dimensions`)."""
     path = route_path(url_path)
-    if path == _EMBEDDINGS:
-        return OpenAIEmbeddingsApi(model_name, dimension)
-    if path == _MODELS:
-        return ModelsApi(model_name)
-    if path.startswith(_MODELS + "/"):
-        return ModelsApi(model_name, path[len(_MODELS) + 1 :])
-    if path in _GENERATION_ROUTES:
-        raise InvalidRequest(f"{path}: {SERVES_EMBEDDINGS}", "url_path")
     if path:
-        raise NotFound(f"unknown route '{path}'", "url_path")
+        route, model_id = _served(path, "embed")
+        api = route.build(ApiContext(model_name, dimension=dimension, model_id=model_id))
+        assert isinstance(api, EmbeddingApi | ModelsApi), f"{route.name} answers with {type(api).__name__}"
+        return api
     if isinstance(body, dict) and "input" in body:
         return OpenAIEmbeddingsApi(model_name, dimension)
     if isinstance(body, str) or (isinstance(body, dict) and "inputs" in body):
@@ -110,6 +90,17 @@ def select_embedding_api(
     raise InvalidRequest(
         "the body needs 'input' (OpenAI embeddings) or 'inputs' (feature extraction): the texts to embed", "input"
     )
+
+
+def _served(path: str, task: Task) -> tuple[Route, str | None]:
+    """The route `path` names and its id, if an archive of `task` serves it: a 404 for an unknown
+    route, a 400 saying which archive serves it for the other task's."""
+    route, model_id = match(path)
+    if route is None:
+        raise NotFound(f"unknown route '{path}'", "url_path")
+    if task not in route.tasks:
+        raise InvalidRequest(f"{path}: {_SERVES[task]}", "url_path")
+    return route, model_id
 
 
 def _api_for_body(body: dict[str, Any] | str | None, model_name: str, no_route_api: str, tool_parser: str) -> Api:

@@ -6,10 +6,14 @@ Routes                                          method     wire format
 /predictions/<model>/<version>/<route>          POST, GET  the route after the version, as on TorchServe
 /v1/completions, /v1/chat/completions           POST       OpenAI
 /v1/models[/<id>]                               GET        OpenAI model listing
+/v1/embeddings                                  POST       OpenAI embeddings (an embedding archive)
 /generate, /generate_stream                     POST       TGI
 /invocations                                    POST       by the body's shape (SageMaker)
 /ping                                           GET        200 once the model serves, 503 before
 /metrics                                        GET        Prometheus text
+
+The named routes (the <route> after a version, and their top-level paths above) are mounted from
+handler/api/routes.py, where each is declared once.
 
 Every route needs `Authorization: Bearer <key>` (401 otherwise), except `/ping` and
 `/invocations` in SageMaker mode (the platform authenticates its callers, and its health check
@@ -35,6 +39,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from handler.api.native import NativeApi
+from handler.api.routes import ID_PARAM, ROUTES, match
+from handler.api.routes import Route as ApiRoute
 from handler.core.preparation import Work
 from handler.core.timing import arrival_from_headers
 from handler.errors import InvalidRequest, ServiceUnavailable, ServingError, to_http
@@ -47,7 +53,7 @@ from handler.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from handler.frontend.model import ServedModel
 
 logger = logging.getLogger(__name__)
-GET_ROUTES = ("v1/models",)  # routes answered without a body: GET (POST too, as TorchServe takes it)
+GET_ROUTES = tuple(route.name for route in ROUTES if not route.body)  # answered without a body: GET allowed
 
 
 @dataclass(frozen=True)
@@ -144,16 +150,23 @@ def build_app(
             raise status_error(404, f"model '{name}' not found; this server serves '{model_name}'")
 
     async def predictions(request: Request) -> Any:
+        """TorchServe's paths: the route after the version is TorchServe's url_path, as it passes it
+        (an unknown one is the core's 404, as on TorchServe)."""
         _check_model(request)
-        return await generation(request, request.path_params.get("route", ""), "predictions")
+        url_path = request.path_params.get("route", "")
+        route, _ = match(url_path.strip("/"))
+        if route is not None and request.method not in route.methods:
+            allowed = ", ".join(route.methods)
+            raise HTTPException(405, f"{request.url.path} takes {allowed}", headers={"Allow": allowed})
+        return await generation(request, url_path, "predictions")
 
-    async def openai(request: Request) -> Any:
-        route = "v1/" + request.path_params["route"]
-        return await generation(request, route, route if not route.startswith("v1/models") else "v1/models")
+    def served_at(route: ApiRoute) -> Any:
+        """The endpoint of a named route's top-level paths (its methods are the Starlette route's)."""
 
-    async def tgi(request: Request) -> Any:
-        route = request.url.path.strip("/")
-        return await generation(request, route, route)
+        async def endpoint(request: Request) -> Any:
+            return await generation(request, route.url_path(request.path_params.get(ID_PARAM)), route.label)
+
+        return endpoint
 
     async def invocations(request: Request) -> Any:
         return await generation(request, "", "invocations")
@@ -191,9 +204,7 @@ def build_app(
         Route("/predictions/{model}", predictions, methods=["POST"]),
         Route("/predictions/{model}/{version}", predictions, methods=["POST"]),
         Route("/predictions/{model}/{version}/{route:path}", predictions, methods=["GET", "POST"]),
-        Route("/v1/{route:path}", openai, methods=["GET", "POST"]),
-        Route("/generate", tgi, methods=["POST"]),
-        Route("/generate_stream", tgi, methods=["POST"]),
+        *(Route(path, served_at(route), methods=list(route.methods)) for route in ROUTES for path in route.paths),
         Route("/invocations", invocations, methods=["POST"]),
         Route("/ping", ping, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),

@@ -35,12 +35,14 @@ def post(served: TorchServe | AsgiFrontend, content: bytes, headers: dict[str, s
     return httpx.post(served.predictions_url, content=content, headers={**served.headers, **headers}, timeout=30)
 
 
+@pytest.mark.torchserve_only  # the ASGI side runs in-process: tests/integration/asgi/test_routes.py
 def test_a_byte_order_mark_before_json_is_read_as_json(served):
     reply = post(served, b"\xef\xbb\xbf" + json.dumps(BODY).encode(), {"Content-Type": "application/json"})
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 5  # max_new_tokens and stream were read
 
 
+@pytest.mark.torchserve_only  # the ASGI side runs in-process: tests/integration/asgi/test_routes.py
 @pytest.mark.parametrize(
     ("headers", "param"),
     [

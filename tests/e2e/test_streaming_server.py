@@ -103,6 +103,7 @@ def test_chunks_arrive_while_generating(server):
     assert_first_arrived_while_generating(response.started, response.times, BATCH_DELAY_S)
 
 
+@pytest.mark.torchserve_only  # the ASGI side runs in-process: tests/integration/asgi/test_routes.py
 def test_stream_concatenation_equals_non_streamed_text(server):
     body = {"prompt": "Streaming sends each piece of text", "max_new_tokens": 60, "ignore_eos": True}
     streamed = stream(server, body)
@@ -155,6 +156,7 @@ def test_server_keeps_serving_after_a_failure_inside_generate(server):
     assert after.json()["finish_reason"] in {"eos", "length"}
 
 
+@pytest.mark.torchserve_only  # the ASGI side runs in-process: tests/integration/asgi/test_routes.py
 def test_plain_text_and_sagemaker_style_bodies(server):
     plain = httpx.post(
         server.predictions_url,

@@ -71,6 +71,11 @@ RULES = [
         "the serving core both frontends share knows neither frontend",
     ),
     (
+        ("handler.core",),
+        ("ts", "starlette", "uvicorn"),
+        "the serving core is frontend-free: no TorchServe, no Starlette or uvicorn",
+    ),
+    (
         ("handler.frontend",),
         ("handler.serving", "handler.inf2_handler"),
         "the ASGI frontend uses the wire formats, the engine and the core, never the TorchServe adapter",
@@ -146,6 +151,33 @@ def test_the_asgi_frontend_loads_no_torchserve() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
+# Where a StepEngine is built: the engine client both frontends use, and a replica's child process.
+ENGINE_BUILDERS = {"handler/core/engine_client.py", "handler/replicas/child.py"}
+
+
+def constructs(path: Path, name: str) -> bool:
+    """Whether the module calls `name(...)` (or `something.name(...)`) anywhere."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (isinstance(func, ast.Name) and func.id == name) or (
+                isinstance(func, ast.Attribute) and func.attr == name
+            ):
+                return True
+    return False
+
+
+def test_only_the_engine_client_and_a_replica_child_build_a_step_engine() -> None:
+    builders = {
+        str(path.relative_to(HANDLER.parent))
+        for path in sorted(HANDLER.rglob("*.py"))
+        if constructs(path, "StepEngine")
+    }
+    assert builders <= ENGINE_BUILDERS, (
+        f"StepEngine( outside {sorted(ENGINE_BUILDERS)}: {sorted(builders - ENGINE_BUILDERS)}"
+    )
+
+
 def test_handler_holds_few_loose_modules() -> None:
     loose = sorted(p.name for p in HANDLER.glob("*.py"))
     assert loose == ["__init__.py", "config.py", "errors.py", "failpoints.py", "inf2_handler.py", "request.py"]
@@ -154,5 +186,7 @@ def test_handler_holds_few_loose_modules() -> None:
 def test_the_rules_see_a_break(tmp_path: Path) -> None:
     """The scan itself: a forbidden import inside a function is found."""
     path = tmp_path / "layer-probe.py"
-    path.write_text("def f():\n    from handler.serving.service import body_of\n")
-    assert "handler.serving.service" in imports_of(path)
+    path.write_text("def f():\n    from handler.serving.service import body_of\n    import ts.context\n")
+    assert {"handler.serving.service", "ts.context"} <= imports_of(path)
+    path.write_text("def f(b):\n    return step_engine.StepEngine(b, 8)\n")
+    assert constructs(path, "StepEngine") and not constructs(path, "Engine")

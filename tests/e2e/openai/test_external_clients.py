@@ -168,6 +168,7 @@ def test_guidellm_benchmark_has_no_failed_requests(server, api_key: str, tiny_mo
     )
 
 
+@pytest.mark.torchserve_only  # the ASGI side runs in-process: tests/integration/asgi/test_routes.py
 @pytest.mark.parametrize("query", ["", "?model_name=llama"])
 def test_invocations_with_a_decoded_json_body(server, query):
     # Plain torchserve decodes application/json bodies (SageMaker's toolkit does not:

@@ -44,6 +44,7 @@ def test_ping_needs_no_token(container):
     assert "Loading plugin for endpoint ping" in container.log_text("ts_log.log")
 
 
+@pytest.mark.torchserve_only  # the ASGI side runs in-process: tests/integration/asgi/test_routes.py
 @pytest.mark.parametrize(("query", "content_type"), [("", "text/plain"), ("?model_name=model", "application/json")])
 def test_invocations_plain_bytes_body_streams_ndjson(container, query, content_type):
     # The seed's client: the prompt as bare UTF-8 bytes (sent as application/json), no JSON at all.
@@ -104,12 +105,14 @@ def test_invocations_stream_choice(container):
     assert streamed.getvalue() == result["text"]
 
 
+@pytest.mark.torchserve_only  # the ASGI side runs in-process: tests/integration/asgi/test_routes.py
 def test_invocations_bad_body_is_a_400(container):
     response = httpx.post(f"{container.url}/invocations", content=b"\xff\xfe", timeout=60)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "body"
 
 
+@pytest.mark.torchserve_only  # the ASGI side runs in-process: tests/integration/asgi/test_routes.py
 def test_openai_body_on_invocations_streams_sse(container):
     """What a SageMaker client can send: /invocations only, the body's shape picks the OpenAI answer."""
     body = {"model": "model", "prompt": "Today", "max_tokens": 6, "stream": True, "ignore_eos": True}

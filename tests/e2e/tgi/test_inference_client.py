@@ -104,6 +104,7 @@ def test_a_validation_error_raises_the_clients_validation_error(client: Inferenc
         list(out) if stream else None
 
 
+@pytest.mark.torchserve_only  # the ASGI side runs in-process: tests/integration/asgi/test_routes.py
 def test_validation_errors_are_422_with_tgi_keys(server, generate_url: str):
     body = {"inputs": PROMPT, "parameters": {"temperature": 0}}
     response = httpx.post(generate_url, json=body, headers=server.headers, timeout=60)
@@ -142,6 +143,7 @@ def _field(obj, name: str):
 
 
 # -- which route answers what ----------------------------------------------------------
+@pytest.mark.torchserve_only  # the ASGI side runs in-process: tests/integration/asgi/test_routes.py
 def test_generate_answers_one_object_and_generate_stream_always_streams(server, generate_url: str):
     body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 3}}
     response = httpx.post(generate_url, json=body, headers=server.headers, timeout=60)
