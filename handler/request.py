@@ -1,7 +1,8 @@
 """Domain types of one generation request and of the tokens it gets back, shared by the wire
 protocols (`api/`), the engine, the backends and the sampler (`sampling/`); no wire format here.
 `SlotRequest` is one sequence of a request entering a backend's slot (what prefill and the sampler
-take), `SlotRequestError` a backend's or the sampler's refusal of one of them."""
+take), `DecodeRow` one live slot of a decode step, `SlotRequestError` a backend's or the sampler's
+refusal of one of them."""
 
 from __future__ import annotations
 
@@ -99,6 +100,25 @@ class SlotRequest:
     prompt_logprobs: bool = False  # prefill also returns each prompt token's logprob (TokenChoice.prompt)
     stop_token_ids: tuple[int, ...] = ()  # end the output like EOS (suppressed with EOS before min_tokens)
     constraint: Constraint | None = None  # the output must match it (structured output)
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """One live slot of a decode step, as the engine's step plan gives it to the backend
+    (`Backend.decode_plan`).
+
+    `max_tokens`: how many tokens the row may take this step, at least 1 and never more than what
+    its sequence may still generate (1 unless the backend decodes several tokens a step, e.g. by
+    speculation: `Backend.tokens_per_step`). `adapter_id`: the LoRA adapter the row runs with (None:
+    the base model; nothing sets one yet)."""
+
+    slot: int
+    max_tokens: int = 1
+    adapter_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"slot {self.slot}: a decode row takes at least 1 token, not {self.max_tokens}")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Slot scheduler for continuous batching: pure Python, no model, no threads.
 
 A fixed pool of `n_slots` slots (the compiled batch size on Neuron) and a FIFO of
-waiting sequences. Each engine step asks `schedule()` which waiting sequences to
-prefill now; every running one is decoded (`running()`). A waiting sequence is
+waiting sequences. Each engine step asks `plan()` for the step's plan (plan.py): which
+waiting sequences to prefill now (`schedule()`), then every running one as a decode row
+(`running()`) with the tokens it may take this step. A waiting sequence is
 admitted as soon as a slot is free, in arrival order, while the step's prompt tokens
 stay within `prefill_token_budget` (the first one always goes, however long): the
 budget bounds how long one step's prefills pause the running streams, at the price of
@@ -13,19 +14,16 @@ or is aborted frees its slot at once (`finish`, `abort`).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from handler.engine.plan import Admission, StepPlan
+from handler.request import DecodeRow
+
 T = TypeVar("T")
 
-
-@dataclass(frozen=True)
-class Admission(Generic[T]):
-    """A waiting sequence given a slot this step."""
-
-    slot: int
-    request_id: str
-    item: T
+__all__ = ["Admission", "SlotScheduler", "StepPlan"]
 
 
 @dataclass
@@ -91,6 +89,23 @@ class SlotScheduler(Generic[T]):
             self._running[head.request_id] = (slot, head.item)
             admitted.append(Admission(slot, head.request_id, head.item))
         return admitted
+
+    def plan(self, tokens_left: Callable[[T], int], tokens_per_step: int = 1) -> StepPlan[T]:
+        """This step's plan: `schedule()`'s admissions, then a decode row for every running
+        sequence, those admitted now included. A row may take `tokens_per_step` tokens, or fewer:
+        never more than `tokens_left(item)`, what the sequence may still generate, less the one
+        token an admission's prefill gives it first. An admission with nothing left after that
+        token (it ends there) gets no decode row."""
+        if tokens_per_step < 1:
+            raise ValueError(f"tokens_per_step must be >= 1, got {tokens_per_step}")
+        admitted = self.schedule()
+        new = {a.request_id for a in admitted}
+        rows = []
+        for request_id, (slot, item) in self._running.items():
+            left = tokens_left(item) - (1 if request_id in new else 0)
+            if left >= 1:
+                rows.append(DecodeRow(slot, min(tokens_per_step, left)))
+        return StepPlan(tuple(admitted), tuple(rows))
 
     def finish(self, request_id: str) -> int | None:
         """A running sequence ended; its slot is free now. Returns the slot (None if not running)."""

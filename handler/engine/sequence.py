@@ -97,8 +97,26 @@ class Sequence:
     def finished(self) -> bool:
         return self.state is not State.RUNNING
 
-    def take(self, choice: TokenChoice) -> str:
-        """Take one step's token from the backend; return the text that may be sent now."""
+    @property
+    def tokens_left(self) -> int:
+        """Tokens this sequence may still generate (max_new_tokens less those it took)."""
+        return self.request.max_new_tokens - self.completion_tokens
+
+    def take(self, *choices: TokenChoice) -> str:
+        """Take one step's tokens from the backend, in order (one from a prefill or a plain
+        decode, several from a backend that decodes more a step); return the text that may be
+        sent now. Exactly what taking them one at a time returns, joined: the token that ends
+        the sequence (EOS, a stop token id or string, its length, a constraint failure) is the
+        last one taken, and those after it are not taken at all (not counted, not in
+        `token_ids`, `choices` or the text)."""
+        deltas = []
+        for choice in choices:
+            if self.finished:
+                break
+            deltas.append(self._take_one(choice))
+        return "".join(deltas)
+
+    def _take_one(self, choice: TokenChoice) -> str:
         if choice.prompt:
             self.prompt_logprobs = choice.prompt
         if self.request.logprobs is not None:

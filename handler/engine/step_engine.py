@@ -1,10 +1,13 @@
 """The continuous-batching engine: sequences join and leave the running batch between steps.
 
-One step: admit waiting sequences into free slots (`SlotScheduler`) and prefill them,
-then decode every live slot, the just-prefilled ones included (transformers-neuronx
-overwrites position 0 of any live slot left out of a decode call). Each token goes
-through its `Sequence` (EOS, stop strings, length are decided there); a sequence that
-ends frees its slot before the next step.
+One step runs one plan (`SlotScheduler.plan`, plan.py): admit waiting sequences into free
+slots and prefill them, then decode every live slot, the just-prefilled ones included
+(transformers-neuronx overwrites position 0 of any live slot left out of a decode call). A
+decode row may take up to its `max_tokens` tokens (1 unless the backend's `tokens_per_step`
+is more; never past the sequence's length); the backend answers each row with the list of
+tokens it accepted. The tokens go through their `Sequence` (EOS, stop strings, length are
+decided there, the tokens after an end dropped); a sequence that ends frees its slot before
+the next step.
 
 No TorchServe here. Callers `submit` sequences, `abort` them by id, and `take` what each
 produced since the last take (`Update`). With `start()` the steps run on a thread of
@@ -34,10 +37,11 @@ from dataclasses import dataclass
 from handler import failpoints
 from handler.backends.base import Backend
 from handler.engine.outbox import Outboxes, Update
+from handler.engine.plan import Admission
 from handler.engine.scheduler import SlotScheduler
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, InvalidRequest, ServingError
-from handler.request import SlotRequestError, TokenChoice
+from handler.request import DecodeRow, SlotRequestError, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +56,9 @@ HOLD_STEPS_AFTER_RELEASE = 3
 class StepRecord:
     """Timing of one engine step, for the metrics. The host's share of the step, by stage:
     `sampling_s` (inside the backend calls: choosing tokens from logits) and `detokenize_s`
-    (after them: each Sequence's detokenizer, stop strings and end checks)."""
+    (after them: each Sequence's detokenizer, stop strings and end checks). `decoded` counts
+    the rows of the decode call, `decoded_tokens` the tokens it gave them (as many as the rows
+    unless the backend gives a row several a step; a row whose answer was refused gives none)."""
 
     prefill_s: float | None
     decode_s: float | None
@@ -62,6 +68,7 @@ class StepRecord:
     waiting: int
     sampling_s: float = 0.0
     detokenize_s: float = 0.0
+    decoded_tokens: int = 0
 
 
 class StepEngine:
@@ -81,6 +88,7 @@ class StepEngine:
         self._failure: ServingError | None = None  # fail_all(): applied at the start of the next step
         self._records: list[StepRecord] = []
         self._sampling_s = self._detokenize_s = 0.0  # this step's host time so far, by stage
+        self._decoded_tokens = 0  # tokens this step's decode gave
         self.steps = 0
         self._step_started: float | None = None  # while a step runs
         self._thread: threading.Thread | None = None
@@ -230,17 +238,19 @@ class StepEngine:
     def _step(self) -> bool:
         with self._changed:
             released = self._apply_aborts() + self._apply_failure()
-            admitted = self.scheduler.schedule()
+            plan = self.scheduler.plan(_tokens_left, max(1, self.backend.tokens_per_step))
         for slot in released:
             self._release(slot)
-        if not admitted and not self.scheduler.occupied:
+        if plan.empty:
             self._finish_step(None, None, 0, 0)
             return bool(released)
         self._sampling_s = self._detokenize_s = 0.0
-        prefill_s = self._prefill(admitted) if admitted else None
-        live = self.scheduler.running()
-        decode_s = self._decode(live) if live else None
-        self._finish_step(prefill_s, decode_s, len(admitted), len(live))
+        self._decoded_tokens = 0
+        prefill_s = self._prefill(list(plan.prefill)) if plan.prefill else None
+        live = dict(self.scheduler.running())  # after the prefill: without the sequences it ended
+        rows = [(row, live[row.slot]) for row in plan.decode_rows(live)]
+        decode_s = self._decode(rows) if rows else None
+        self._finish_step(prefill_s, decode_s, len(plan.prefill), len(rows))
         return True
 
     def _apply_aborts(self) -> list[int]:
@@ -272,7 +282,7 @@ class StepEngine:
         logger.info("%d sequence(s) ended: %s", failed, error.message)
         return released
 
-    def _prefill(self, admitted) -> float:
+    def _prefill(self, admitted: list[Admission[Sequence]]) -> float:
         started = self._clock()
         for a in admitted:
             a.item.admitted_at = started
@@ -293,17 +303,22 @@ class StepEngine:
             return self._clock() - started
         elapsed = self._clock() - started
         self._sampling_s += self.backend.sampling_s
-        self._deliver([(a.slot, a.item) for a in admitted], choices)
+        if len(choices) != len(admitted):
+            error = RuntimeError(f"the backend returned {len(choices)} tokens for {len(admitted)} prefills")
+            self._fail([(a.slot, a.item) for a in admitted], error, "prefill")
+            return elapsed
+        self._deliver([(a.slot, a.item, 1) for a in admitted], [[choice] for choice in choices])
         return elapsed
 
-    def _decode(self, live: list[tuple[int, Sequence]]) -> float:
+    def _decode(self, rows: list[tuple[DecodeRow, Sequence]]) -> float:
         started = self._clock()
+        live = [(row.slot, s) for row, s in rows]
         try:
             failpoints.check_decode((s.request.prompt, s.completion_tokens) for _, s in live)
-            choices = self.backend.decode([slot for slot, _ in live])
+            tokens = self.backend.decode_plan([row for row, _ in rows])
         except SlotRequestError as exc:  # one row's fault: it fails alone, the others decode again
             bad = [(slot, s) for slot, s in live if slot == exc.slot]
-            rest = [(slot, s) for slot, s in live if slot != exc.slot]
+            rest = [(row, s) for row, s in rows if row.slot != exc.slot]
             if not bad:
                 self._fail(live, exc, "decode")
                 return self._clock() - started
@@ -314,19 +329,32 @@ class StepEngine:
             return self._clock() - started
         elapsed = self._clock() - started
         self._sampling_s += self.backend.sampling_s
-        self._deliver(live, choices)
+        if not isinstance(tokens, (list, tuple)) or len(tokens) != len(rows):
+            count = len(tokens) if isinstance(tokens, (list, tuple)) else type(tokens).__name__
+            self._fail(live, RuntimeError(f"the backend answered {count} rows for {len(rows)} decode rows"), "decode")
+            return elapsed
+        accepted = self._deliver([(row.slot, s, row.max_tokens) for row, s in rows], tokens)
+        self._decoded_tokens += accepted
         return elapsed
 
-    def _deliver(self, rows: list[tuple[int, Sequence]], choices: list[TokenChoice]) -> None:
-        if len(choices) != len(rows):
-            self._fail(rows, RuntimeError(f"the backend returned {len(choices)} tokens for {len(rows)} slots"), "step")
-            return
+    def _deliver(self, rows: list[tuple[int, Sequence, int]], tokens: list[list[TokenChoice]]) -> int:
+        """Each row's tokens (slot, sequence, the most it may take) into its sequence; a row
+        answered with no token or more than it may take fails alone. The tokens delivered."""
+        bad = {i for i, got in enumerate(tokens) if not _fits(got, rows[i][2])}
+        for i in sorted(bad):
+            slot, sequence, most = rows[i]
+            count = len(tokens[i]) if isinstance(tokens[i], (list, tuple)) else type(tokens[i]).__name__
+            error = EngineError(f"generation failed: the backend gave slot {slot} {count} tokens, not 1 to {most}")
+            self._fail([(slot, sequence)], error, "step")
+        if bad:
+            keep = [i for i in range(len(rows)) if i not in bad]
+            rows, tokens = [rows[i] for i in keep], [tokens[i] for i in keep]
         ended = []
         started = self._clock()
-        deltas = [sequence.take(choice) for (_, sequence), choice in zip(rows, choices, strict=False)]
+        deltas = [sequence.take(*got) for (_, sequence, _), got in zip(rows, tokens, strict=True)]
         self._detokenize_s += self._clock() - started
         with self._changed:
-            for (slot, sequence), delta in zip(rows, deltas, strict=False):
+            for (slot, sequence, _), delta in zip(rows, deltas, strict=True):
                 box = self._outboxes.get(sequence.request_id)
                 if box is not None and delta:
                     box.pending.append(delta)
@@ -338,6 +366,7 @@ class StepEngine:
             self._changed.notify_all()  # first tokens go out as soon as the prefill is done, not after the decode
         for slot in ended:
             self._release(slot)
+        return sum(len(got) for got in tokens)
 
     def _fail(self, rows: list[tuple[int, Sequence]], exc: BaseException, what: str) -> None:
         logger.error("%s failed for %d sequence(s)", what, len(rows), exc_info=exc)
@@ -379,7 +408,17 @@ class StepEngine:
                         self.scheduler.waiting,
                         self._sampling_s,
                         self._detokenize_s,
+                        self._decoded_tokens,
                     )
                 )
                 del self._records[:-1000]  # nobody drains them outside TorchServe
             self._changed.notify_all()
+
+
+def _tokens_left(sequence: Sequence) -> int:
+    return sequence.tokens_left
+
+
+def _fits(tokens: object, most: int) -> bool:
+    """A row's answer is a list of 1 to `most` tokens."""
+    return isinstance(tokens, (list, tuple)) and 1 <= len(tokens) <= most

@@ -23,7 +23,7 @@ from handler.engine.sequence import FinishReason, State
 from handler.engine.sequence import Sequence as Seq
 from handler.engine.step_engine import StepEngine, StepRecord, Update
 from handler.errors import EngineError, InvalidRequest
-from handler.request import GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
+from handler.request import DecodeRow, GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
 
 EOS = 2
 
@@ -484,8 +484,8 @@ def test_step_records_after_steps(tiny_tokenizer):
     engine.step()  # c joins b's slot; a ends (3 tokens); c decoded and ends (2 tokens)
     assert engine.steps == 2
     assert engine.take_records() == [
-        StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=2, decoded=1, occupied=1, waiting=1),
-        StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=1, decoded=2, occupied=0, waiting=0),
+        StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=2, decoded=1, occupied=1, waiting=1, decoded_tokens=1),
+        StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=1, decoded=2, occupied=0, waiting=0, decoded_tokens=2),
     ]
     assert engine.take_records() == []
     engine.submit(make_seq(tiny_tokenizer, "d", max_new_tokens=1))
@@ -497,9 +497,9 @@ def test_step_records_after_steps(tiny_tokenizer):
     engine.step()
     engine.step()  # decode only
     assert engine.take_records() == [
-        StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=2, decoded=1, occupied=1, waiting=0),
-        StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=1, decoded=1, occupied=1, waiting=0),
-        StepRecord(prefill_s=None, decode_s=0.25, prefilled=0, decoded=1, occupied=0, waiting=0),
+        StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=2, decoded=1, occupied=1, waiting=0, decoded_tokens=1),
+        StepRecord(prefill_s=0.5, decode_s=0.25, prefilled=1, decoded=1, occupied=1, waiting=0, decoded_tokens=1),
+        StepRecord(prefill_s=None, decode_s=0.25, prefilled=0, decoded=1, occupied=0, waiting=0, decoded_tokens=1),
     ]
     assert engine.steps == 5
 
@@ -597,6 +597,139 @@ def test_no_slot_leaks_under_random_arrivals_aborts_and_failures(tiny_tokenizer)
             assert (log.text.get(request_id, ""), s.finish_reason) == (text, reason), request_id
             finished += 1
     assert failed and finished > 100
+
+
+# -- several tokens a step: the step plan --------------------------------------------------
+class MultiTokenScriptedBackend(ScriptedBackend):
+    """Gives each decode row its `max_tokens` next tokens of its script a step (up to k, its
+    `tokens_per_step`), as a backend that speculates would; `answer` may rewrite a step's lists
+    (a broken backend)."""
+
+    def __init__(self, tokenizer, k: int, n_slots: int = 4, answer=None):
+        super().__init__(tokenizer, n_slots)
+        self.tokens_per_step = k
+        self.answer = answer
+        self.plans: list[tuple[DecodeRow, ...]] = []
+        self.engine: StepEngine | None = None  # set: each row's budget is checked against its sequence
+
+    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        self.plans.append(tuple(rows))
+        slots = [row.slot for row in rows]
+        self.calls.append(("decode", tuple(slots)))
+        if sorted(slots) != sorted(self.live):
+            self.violations.append(f"decode {slots} but live slots are {sorted(self.live)}")
+        running = dict(self.engine.scheduler.running()) if self.engine else {}
+        out = []
+        for row in rows:
+            if row.slot in running and row.max_tokens != min(self.tokens_per_step, running[row.slot].tokens_left):
+                self.violations.append(f"slot {row.slot} may take {row.max_tokens}, not what it has left")
+            slot = self.live[row.slot]
+            tokens = []
+            for _ in range(row.max_tokens):
+                tokens.append(TokenChoice(self.token(slot)))
+                slot.produced += 1
+            out.append(tokens)
+        return self.answer(rows, out) if self.answer else out
+
+
+def many_requests(tokenizer) -> list[tuple[str, dict]]:
+    """Requests that end every way: EOS, length (cut inside a step), stop strings, stop token ids."""
+    stop_token = tokenizer(" re", add_special_tokens=False)["input_ids"][-1]
+    return [
+        ("hello world", {}),
+        ("capped", {"max_new_tokens": 5}),
+        ("one token", {"max_new_tokens": 1}),
+        ("two tokens", {"max_new_tokens": 2}),
+        ("stopped early", {"stop": (reply("stopped early")[4:7],)}),
+        ("stop across", {"stop": (reply("stop across")[-4:-1],)}),
+        ("stop token", {"stop_token_ids": (stop_token,)}),
+        ("never stops", {"stop": ("zzz",), "max_new_tokens": 9}),
+    ]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_several_tokens_a_step_give_each_request_its_one_token_a_step_output(tiny_tokenizer, k):
+    backend = MultiTokenScriptedBackend(tiny_tokenizer, k, n_slots=3)
+    engine = backend.engine = engine_for(backend)
+    requests = many_requests(tiny_tokenizer)
+    for prompt, kwargs in requests:
+        engine.submit(make_seq(tiny_tokenizer, prompt, **kwargs))
+    log = Log()
+    ids = [prompt for prompt, _ in requests]
+    run_until_idle(engine, log, ids)
+    assert not backend.violations and not backend.live
+    for prompt, kwargs in requests:
+        text, reason, tokens = solo(tiny_tokenizer, prompt, **kwargs)
+        got = log.ended[prompt].sequence
+        assert (log.text[prompt], got.full_text) == (text, text)
+        assert (got.finish_reason, got.completion_tokens) == (reason, tokens)
+    rows = [row for plan in backend.plans for row in plan]
+    assert max(row.max_tokens for row in rows) == k  # the backend gave every row all it could take
+    records = engine.take_records()
+    assert sum(r.decoded_tokens for r in records) == sum(row.max_tokens for row in rows)
+    assert sum(r.decoded for r in records) == len(rows)
+
+
+def test_a_rows_budget_is_what_it_has_left_after_its_prefill_token(tiny_tokenizer):
+    backend = MultiTokenScriptedBackend(tiny_tokenizer, 4, n_slots=2)
+    engine = engine_for(backend)
+    engine.submit(make_seq(tiny_tokenizer, "long", max_new_tokens=40))
+    engine.submit(make_seq(tiny_tokenizer, "six", max_new_tokens=6, ignore_eos=True))
+    engine.step()  # both prefilled (1 token each), then decoded: 4 and 4 (5 left)
+    engine.step()  # "six" has 1 left
+    assert [[(r.slot, r.max_tokens) for r in plan] for plan in backend.plans] == [[(0, 4), (1, 4)], [(0, 4), (1, 1)]]
+    assert engine.take(["six"])["six"].sequence.completion_tokens == 6
+
+
+@pytest.mark.parametrize("bad", [[], "too many"])
+def test_a_row_answered_with_no_tokens_or_too_many_fails_alone(tiny_tokenizer, bad):
+    def answer(rows, out):
+        victim = rows.index(next(r for r in rows if r.slot == 1))
+        out[victim] = [] if bad == [] else out[victim] * 2
+        return out
+
+    backend = MultiTokenScriptedBackend(tiny_tokenizer, 2, n_slots=3, answer=answer)
+    engine = engine_for(backend)
+    ids = ["first", "victim", "third"]
+    for prompt in ids:
+        engine.submit(make_seq(tiny_tokenizer, prompt))
+    log = Log()
+    engine.step()
+    log.take(engine, ids)
+    victim = log.ended["victim"].sequence
+    assert victim.state is State.FAILED and isinstance(victim.error, EngineError)
+    assert "gave slot 1" in victim.error.message and "not 1 to 2" in victim.error.message
+    assert victim.completion_tokens == 1  # its prefill token; nothing of the refused answer
+    assert ("release", 1) in backend.calls and "first" not in log.ended and "third" not in log.ended
+    backend.answer = None
+    run_until_idle(engine, log, ids)
+    for prompt in ("first", "third"):
+        assert log.text[prompt] == solo(tiny_tokenizer, prompt)[0]
+
+
+def test_a_decode_answer_with_the_wrong_number_of_rows_fails_the_call(tiny_tokenizer):
+    backend = MultiTokenScriptedBackend(tiny_tokenizer, 2, n_slots=2, answer=lambda rows, out: out[:1])
+    engine = engine_for(backend)
+    engine.submit(make_seq(tiny_tokenizer, "a"))
+    engine.submit(make_seq(tiny_tokenizer, "b"))
+    log = Log()
+    engine.step()
+    log.take(engine, ["a", "b"])
+    for prompt in ("a", "b"):
+        sequence = log.ended[prompt].sequence
+        assert sequence.state is State.FAILED and "answered 1 rows for 2 decode rows" in sequence.error.message
+    assert not backend.live
+
+
+def test_the_default_decode_plan_is_decode_one_token_a_row_and_serves_no_adapter(tiny_tokenizer):
+    backend = ScriptedBackend(tiny_tokenizer, n_slots=2)
+    backend.prefill([SlotRequest(0, (5, 6)), SlotRequest(1, (7,))])
+    assert backend.tokens_per_step == 1
+    tokens = backend.decode_plan([DecodeRow(1), DecodeRow(0)])
+    assert [len(t) for t in tokens] == [1, 1] and backend.calls[-1] == ("decode", (1, 0))
+    with pytest.raises(SlotRequestError) as refused:
+        backend.decode_plan([DecodeRow(0), DecodeRow(1, adapter_id="french")])
+    assert refused.value.slot == 1 and refused.value.param == "model" and "no adapters" in str(refused.value)
 
 
 # -- StepEngine on its own thread --------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 
 from handler.backends.sim_profile import Profile, load_profile
 from handler.engine.scheduler import Admission, SlotScheduler
+from handler.request import DecodeRow
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -198,6 +199,43 @@ def test_the_budget_is_per_step_and_slots_still_bound_it():
     s.finish("r0")
     s.finish("r1")
     assert admitted(s.schedule()) == [(0, "r2"), (1, "r3")]
+
+
+# -- the step plan -----------------------------------------------------------------------
+def test_the_plan_prefills_the_admissions_then_decodes_every_running_one_new_ones_included():
+    s = scheduler(3, 10_000, "a", "b")
+    first = s.plan(lambda item: 10)
+    assert admitted(list(first.prefill)) == [(0, "a"), (1, "b")]
+    assert first.decode == (DecodeRow(0, 1), DecodeRow(1, 1))  # one token a row unless asked for more
+    s.add("c", 10, "item-c")
+    second = s.plan(lambda item: 10)
+    assert admitted(list(second.prefill)) == [(2, "c")]
+    assert [row.slot for row in second.decode] == [0, 1, 2]  # admission order, the new one last
+    assert all(row.adapter_id is None for row in second.decode)
+    assert not second.empty and s.plan(lambda item: 10).prefill == ()
+
+
+def test_a_row_takes_tokens_per_step_but_never_more_than_it_has_left():
+    left = {"item-a": 10, "item-b": 2, "item-c": 1, "item-d": 3}
+    s = scheduler(4, 10_000, "a", "b")
+    s.schedule()  # a and b run: no prefill token ahead of their rows now
+    s.add("c", 10, "item-c")
+    s.add("d", 10, "item-d")
+    plan = s.plan(left.__getitem__, tokens_per_step=4)
+    # a: 4 of its 10; b: its 2; c: admitted with 1 left, its prefill token ends it: no row;
+    # d: admitted with 3 left, its prefill takes one, 2 for the decode.
+    assert plan.decode == (DecodeRow(0, 4), DecodeRow(1, 2), DecodeRow(3, 2))
+    assert admitted(list(plan.prefill)) == [(2, "c"), (3, "d")]
+    assert plan.decode_rows({0, 3}) == (DecodeRow(0, 4), DecodeRow(3, 2))  # after the prefill, as the engine asks
+
+
+def test_an_idle_plan_is_empty_and_bad_plans_are_refused():
+    s = scheduler(2)
+    assert s.plan(lambda item: 1).empty
+    with pytest.raises(ValueError):
+        s.plan(lambda item: 1, tokens_per_step=0)
+    with pytest.raises(ValueError):
+        DecodeRow(0, 0)
 
 
 # -- oracle: the scheduler drives the same timeline as bench_des's continuous policy ----
