@@ -91,11 +91,14 @@ class GenerationCore:
         read_body: Callable[[], Any],
         headers: Mapping[str, Any] | None,
         refusal: ServingError | None = None,
+        compiled: bool = False,
     ) -> Work:
         """Parse, validate and tokenize one request into `work` (its id and arrival already set):
         `url_path` the route after the model ('' none: the body picks it), `read_body` returns the
         undecoded body (raising InvalidRequest when there is none), decoded once, here. `refusal`
-        (a drain's 503) answers the request in its route's own format."""
+        (a drain's 503) answers the request in its route's own format. With `compiled`, its constraint
+        is compiled (or refused) before this returns; otherwise the engine client holds the request
+        until it is (handler/core/engine_client.py)."""
         try:
             check_body_headers(headers)
             depth = self.limits.max_json_depth
@@ -137,6 +140,8 @@ class GenerationCore:
             ]
             if request.constraint is not None:  # compiled off the step thread; submitted once it is
                 work.compiling = self.constraints.submit(request.constraint)
+                if compiled:  # the caller runs it at once (static micro-batches): wait for it here
+                    self.settle(work, block=True)
         except ServingError as exc:
             work.error = exc
         except Exception as exc:

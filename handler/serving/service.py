@@ -38,7 +38,9 @@ class GenerationService(GenerationCore):
         model_dir = context.system_properties.get("model_dir")
         return cls(config, load_model(config, model_dir, *worker_of(context)))
 
-    def prepare(self, index: int, row: Any, context: Any, refusal: ServingError | None = None) -> Work:
+    def prepare(
+        self, index: int, row: Any, context: Any, refusal: ServingError | None = None, compiled: bool = False
+    ) -> Work:
         """Parse, validate and tokenize request `index` of a TorchServe call. The body is decoded
         once, here. `refusal` (the drain's 503) answers the request in its route's own format."""
         work = Work(index, context.get_request_id(index) or str(index), NativeApi())
@@ -52,7 +54,7 @@ class GenerationService(GenerationCore):
             logger.exception("preprocessing request %s failed", work.request_id)
             work.error = EngineError(f"preprocessing failed: {exc}")
             return work
-        return self.prepare_request(work, url_path, model_name, lambda: body_of(row), headers, refusal)
+        return self.prepare_request(work, url_path, model_name, lambda: body_of(row), headers, refusal, compiled)
 
 
 def _all_headers(context: Any, index: int) -> dict[str, Any] | None:

@@ -64,9 +64,8 @@ class StaticServing:
         return [self._prepare(index, row) for index, row in indexed_rows]
 
     def _prepare(self, index: int, row: Any) -> Work:
-        work = self.service.prepare(index, row, self.context, drain.refused() if self.drain.draining else None)
-        self.service.settle(work, block=True)
-        return work
+        refusal = drain.refused() if self.drain.draining else None
+        return self.service.prepare(index, row, self.context, refusal, compiled=True)
 
     def inference(self, work: list[Work], *args: Any, **kwargs: Any) -> list[Work]:
         context = self.context
