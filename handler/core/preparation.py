@@ -34,19 +34,17 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Work:
-    """One request on its way through the handler."""
+    """One request on its way through the core, whatever frontend it came through (a frontend
+    that needs more per request, such as TorchServe's call index, extends it)."""
 
-    index: int
     request_id: str
     api: Api
     sequences: list[Sequence] = field(default_factory=list)  # every output (OpenAI `n`); none when answered at once
     error: ServingError | None = None
-    chunks_sent: int = 0
-    final_sent: bool = False  # a streamed request's closing chunk went out as soon as it finished
-    arrived_at: float = 0.0  # perf_counter clock; see handler/serving/metrics.py
+    arrived_at: float = 0.0  # perf_counter clock; see handler/core/timing.py
     reply: str | None = None  # a route answered without generating (e.g. v1/models)
     compiling: PendingConstraint | None = None  # its constraint is being compiled: not submitted yet
-    grpc: bool = False  # came through TorchServe's gRPC API: answered whole, in one reply (serving/grpc_jobs.py)
+    one_reply: bool = False  # its transport carries one reply, not a stream (TorchServe's gRPC): never streamed
 
     @property
     def sequence(self) -> Sequence | None:
@@ -112,7 +110,7 @@ class GenerationCore:
                 return work
             body = decode_body(read_body(), depth) if body is None else body
             request = work.api.parse(body, self.limits, self.backend.tokenizer)
-            if work.grpc and request.stream:  # the frontend would drop it after its first chunk
+            if work.one_reply and request.stream:  # the transport would drop it after its first chunk
                 request = dataclasses.replace(request, stream=False)
             self._check_logprobs(request, work.api)
             self._check_sampling(request, work.api)

@@ -132,7 +132,7 @@ def build_app(
             metrics.response(metric_route, 503)
             return json_error(full(model.max_in_flight))
         body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
-        work = Work(0, uuid.uuid4().hex, NativeApi())
+        work = Work(uuid.uuid4().hex, NativeApi())
         work.arrived_at = arrived
         headers = dict(request.headers)
 

@@ -188,7 +188,7 @@ class ContinuousServing:
                     planned[index] = Reply("", end=True)
                     continue
                 if tracked is None:
-                    work = Work(index, request_id, NativeApi())
+                    work = Work(request_id, NativeApi())
                     tracked = self.jobs.tracked[request_id] = Tracked(ResponseMachine(work), grpc=False)
                 tracked.stash = None
                 self.client.release(request_id)

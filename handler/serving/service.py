@@ -9,6 +9,7 @@ are served, and no exception escapes.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from handler.api.native import NativeApi
@@ -22,7 +23,17 @@ from handler.serving.metrics import TokenMetrics, arrival_time
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GenerationService", "Work", "body_of", "choice_request", "worker_of", "workers_of"]
+__all__ = ["CallWork", "GenerationService", "Work", "body_of", "choice_request", "worker_of", "workers_of"]
+
+
+@dataclass
+class CallWork(Work):
+    """A request of a TorchServe call: the core's `Work`, plus what TorchServe's worker protocol needs."""
+
+    index: int = 0  # its place in the call (continuous mode re-sends it at another place in later calls)
+    grpc: bool = False  # came through TorchServe's gRPC API: answered whole, in one reply (serving/grpc_jobs.py)
+    chunks_sent: int = 0  # static mode: streamed chunks already sent
+    final_sent: bool = False  # static mode: a streamed request's closing chunk went out as soon as it finished
 
 
 class GenerationService(GenerationCore):
@@ -40,12 +51,12 @@ class GenerationService(GenerationCore):
 
     def prepare(
         self, index: int, row: Any, context: Any, refusal: ServingError | None = None, compiled: bool = False
-    ) -> Work:
+    ) -> CallWork:
         """Parse, validate and tokenize request `index` of a TorchServe call. The body is decoded
         once, here. `refusal` (the drain's 503) answers the request in its route's own format."""
-        work = Work(index, context.get_request_id(index) or str(index), NativeApi())
+        work = CallWork(context.get_request_id(index) or str(index), NativeApi(), index=index)
         work.arrived_at = arrival_time(context, index)
-        work.grpc = is_grpc(context, index, row)
+        work.one_reply = work.grpc = is_grpc(context, index, row)
         try:
             headers = _all_headers(context, index)
             url_path = context.get_request_header(index, "url_path")
@@ -54,7 +65,8 @@ class GenerationService(GenerationCore):
             logger.exception("preprocessing request %s failed", work.request_id)
             work.error = EngineError(f"preprocessing failed: {exc}")
             return work
-        return self.prepare_request(work, url_path, model_name, lambda: body_of(row), headers, refusal, compiled)
+        self.prepare_request(work, url_path, model_name, lambda: body_of(row), headers, refusal, compiled)
+        return work
 
 
 def _all_headers(context: Any, index: int) -> dict[str, Any] | None:

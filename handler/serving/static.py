@@ -28,7 +28,7 @@ from handler.errors import EngineError, ServingError
 from handler.serving import drain
 from handler.serving.grpc_jobs import end_grpc_reply
 from handler.serving.replies import encodable, error_reply, set_content_type, wire_error
-from handler.serving.service import GenerationService, Work
+from handler.serving.service import CallWork, GenerationService
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +60,14 @@ class StaticServing:
         return drain.cut() if self.drain.expired else None
 
     # MicroBatching calls these three on its threads.
-    def preprocess(self, indexed_rows: list[tuple[int, Any]]) -> list[Work]:
+    def preprocess(self, indexed_rows: list[tuple[int, Any]]) -> list[CallWork]:
         return [self._prepare(index, row) for index, row in indexed_rows]
 
-    def _prepare(self, index: int, row: Any) -> Work:
+    def _prepare(self, index: int, row: Any) -> CallWork:
         refusal = drain.refused() if self.drain.draining else None
         return self.service.prepare(index, row, self.context, refusal, compiled=True)
 
-    def inference(self, work: list[Work], *args: Any, **kwargs: Any) -> list[Work]:
+    def inference(self, work: list[CallWork], *args: Any, **kwargs: Any) -> list[CallWork]:
         context = self.context
         runnable = [w for w in work if w.sequence is not None]
         by_sequence = {id(w.sequence): w for w in runnable}
@@ -96,7 +96,7 @@ class StaticServing:
                 w.sequence.fail(EngineError(f"generation failed: {exc}"))
         return work
 
-    def _send_chunk(self, work: Work, chunk: str, context: Any) -> None:
+    def _send_chunk(self, work: CallWork, chunk: str, context: Any) -> None:
         if not chunk:  # a route holding text back (a possible tool call) has nothing to send yet
             return
         with self._socket_lock:
@@ -109,10 +109,10 @@ class StaticServing:
             )
         work.chunks_sent += 1
 
-    def postprocess(self, work: list[Work]) -> list[str]:
+    def postprocess(self, work: list[CallWork]) -> list[str]:
         return [self._finish_one(w, self.context) for w in work]
 
-    def _finish_one(self, work: Work, context: Any) -> str:
+    def _finish_one(self, work: CallWork, context: Any) -> str:
         if work.grpc:  # one reply, the last (handler/serving/grpc_jobs.py)
             end_grpc_reply(context, work.index)
         if work.reply is not None:

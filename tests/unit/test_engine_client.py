@@ -26,7 +26,7 @@ CORE = SimpleNamespace(settle=partial(GenerationCore.settle, None))  # settle re
 
 
 def work_for(tokenizer, prompt: str, request_id: str, n: int = 1, **kwargs) -> Work:
-    work = Work(0, request_id, NativeApi())
+    work = Work(request_id, NativeApi())
     work.sequences = [
         make_seq(tokenizer, prompt, request_id if i == 0 else f"{request_id}/{i}", **kwargs) for i in range(n)
     ]

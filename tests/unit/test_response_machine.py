@@ -30,7 +30,7 @@ class Finished:
 
 
 def prepared(tokenizer, api, body: dict, n: int = 1) -> Work:
-    work = Work(0, "req", api)
+    work = Work("req", api)
     request = api.parse(body, LIMITS, tokenizer)
     ids = tokenizer(request.prompt)["input_ids"]
     work.sequences = [
@@ -65,11 +65,11 @@ def lines(output: Output) -> list[dict]:
 
 
 def test_a_reply_or_an_error_from_preparation_is_one_whole_response_without_the_engine():
-    work = Work(0, "req", NativeApi())
+    work = Work("req", NativeApi())
     work.reply = '{"data": []}'
     output = ResponseMachine(work).immediate()
     assert output == Output('{"data": []}', "application/json", end=True, whole=True)
-    work = Work(0, "req", NativeApi())
+    work = Work("req", NativeApi())
     work.error = InvalidRequest("max_new_tokens must be positive", "max_new_tokens")
     output = ResponseMachine(work).immediate()
     assert output is not None and output.whole and output.status == 400 and output.end
