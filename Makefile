@@ -134,11 +134,13 @@ endif
 
 # `make stop` drains first: new requests get 503, those in flight get DRAIN_GRACE_S seconds to
 # finish (then an in-band error); then TorchServe stops and no worker process is left behind.
+# It stops whichever frontend runs: the ASGI one (make serve FRONTEND=asgi) by its pid file.
 DRAIN_GRACE_S ?= 20
 
 stop:
 	-@$(TS_ENV) $(PY) -m scripts.serve.stop_server --pid-file $(BUILD)/.model_server.pid \
-		--state-dir $(abspath $(BUILD)/state) --grace $(DRAIN_GRACE_S) --torchserve $(BIN)/torchserve
+		--state-dir $(abspath $(BUILD)/state) --grace $(DRAIN_GRACE_S) --torchserve $(BIN)/torchserve \
+		--asgi-pid-file $(ASGI_PID_FILE)
 
 demo: venv
 	$(PY) -m scripts.serve.client $(CLIENT_ARGS) generate "$(PROMPT)" --max-new-tokens 64

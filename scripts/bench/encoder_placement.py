@@ -7,6 +7,9 @@ device: it compares the two placements, not absolute speed.
 
     python -m scripts.bench.encoder_placement [--callers 32] [--duration 2] [--cores 2]
 
+It runs itself again in a child whose PYTHONPATH starts with tests/fakes (the fake SDK), as the
+tests put the fakes on the path; it edits no `sys.path`.
+
 N callers each send a request of `batch` rows of 128 tokens and wait for its answer, again and again.
 A TorchServe worker handles one request at a time (batchSize 1, the request already holds `batch`
 rows), and the frontend gives each request to an idle worker:
@@ -22,27 +25,48 @@ import argparse
 import os
 import queue
 import statistics
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+FAKES = REPO / "tests" / "fakes"
 SEQ = 128
 
 
-def _fake_sdk(cores: int):
-    """The fake torch_neuronx with its device-time model on, seeing `cores` NeuronCores."""
-    os.environ["FAKE_TORCH_NEURONX_DEVICE_TIME"] = "1"
-    os.environ["FAKE_NEURON_NUM_CORES"] = str(cores)
-    os.environ.pop("NEURON_RT_VISIBLE_CORES", None)
-    os.environ.pop("FAKE_NEURONX_CALL_LOG", None)
-    sys.path.insert(0, str(REPO / "tests" / "fakes"))
+def fake_sdk_env(cores: int, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """This process's environment for a run on the fake torch_neuronx: `tests/fakes` first on
+    PYTHONPATH (so `import torch_neuronx` finds the fake, as the test suites put it there), its
+    device-time model on, `cores` NeuronCores visible, no call log."""
+    env = {k: v for k, v in environ.items() if k not in ("NEURON_RT_VISIBLE_CORES", "FAKE_NEURONX_CALL_LOG")}
+    env["PYTHONPATH"] = os.pathsep.join([str(FAKES), *filter(None, [environ.get("PYTHONPATH", "")])])
+    env["FAKE_TORCH_NEURONX_DEVICE_TIME"] = "1"
+    env["FAKE_NEURON_NUM_CORES"] = str(cores)
+    return env
+
+
+def _on_fake_sdk(cores: int) -> bool:
+    """Whether this process already runs as `fake_sdk_env` sets it up (the child of `main`)."""
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return (
+        bool(paths)
+        and Path(paths[0]).resolve() == FAKES.resolve()
+        and os.environ.get("FAKE_TORCH_NEURONX_DEVICE_TIME") == "1"
+        and os.environ.get("FAKE_NEURON_NUM_CORES") == str(cores)
+    )
+
+
+def _fake_sdk():
+    """The fake torch_neuronx (this process was started with `fake_sdk_env`)."""
     import torch_neuronx
     from torch_neuronx import _device
 
+    if not Path(torch_neuronx.__file__).resolve().is_relative_to(FAKES.resolve()):
+        raise SystemExit(f"torch_neuronx is not the fake of {FAKES}: {torch_neuronx.__file__}")
     return torch_neuronx, _device
 
 
@@ -104,7 +128,11 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], tuple[float, fl
     parser.add_argument("--cores", type=int, default=2, help="NeuronCores (inf2.xlarge: 2)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args(argv)
-    torch_neuronx, device = _fake_sdk(args.cores)
+    if not _on_fake_sdk(args.cores):
+        # The fake SDK comes from PYTHONPATH, as in the test suites: run again in a child that has it.
+        command = [sys.executable, "-m", "scripts.bench.encoder_placement", *(sys.argv[1:] if argv is None else argv)]
+        sys.exit(subprocess.run(command, cwd=REPO, env=fake_sdk_env(args.cores), check=False).returncode)
+    torch_neuronx, device = _fake_sdk()
     import torch
 
     torch.set_num_threads(1)

@@ -1,7 +1,9 @@
 """A small client for the running server: wait until the model answers, or stream a prompt.
 
 TorchServe's token authorization is on by default; the key is read from the
-key_file.json TorchServe writes into the directory it was started from.
+key_file.json TorchServe writes into the directory it was started from. An expired key is
+renewed through the management API: at --management-url, else at the management_address of
+the build/config.properties that `make serve` wrote (--ts-config), else on port 8081.
 
     python -m scripts.serve.client generate "Today the weather is" --max-new-tokens 64
     python -m scripts.serve.client wait --timeout 120
@@ -28,6 +30,9 @@ import yaml
 from scripts.serve.worker_log import failure_cause
 
 DEFAULT_MANAGEMENT_URL = "http://127.0.0.1:8081"
+# The config.properties `make serve` wrote (the Makefile's $(TS_CONFIG)): without --management-url the
+# key is renewed at its management_address, so `make serve MANAGEMENT_PORT=...` needs no option here.
+DEFAULT_TS_CONFIG = Path("build/config.properties")
 # A key this close to its expiry is renewed first: a command that reads it must still find it valid.
 RENEW_BEFORE_S = 60.0
 
@@ -44,6 +49,42 @@ def inference_key(key_file: Path, management_url: str | None = DEFAULT_MANAGEMEN
         renew_inference_key(management_url, keys["API"]["key"])
         keys = _read_keys(key_file)
     return keys["inference"]["key"]
+
+
+def properties(path: Path) -> dict[str, str]:
+    """A Java .properties file's `key=value` (or `key: value`) lines; {} when it cannot be read."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        key, _, value = line.partition("=") if "=" in line else line.partition(":")
+        found[key.strip()] = value.strip()
+    return found
+
+
+def management_url_of(ts_config: Path) -> str | None:
+    """The management address a TorchServe config.properties names, to call from this host (a
+    wildcard bind address is reached on loopback); None when it names none."""
+    address = properties(ts_config).get("management_address")
+    if not address:
+        return None
+    loopback = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}
+    address = re.sub(r"^(https?://)(0\.0\.0\.0|\[::\])(?=[:/]|$)", lambda m: m[1] + loopback[m[2]], address)
+    return address.rstrip("/")
+
+
+def resolve_management_url(explicit: str | None, ts_config: Path | None = DEFAULT_TS_CONFIG) -> str:
+    """--management-url when given, else the running server's (ts_config's management_address),
+    else TorchServe's default port."""
+    if explicit:
+        return explicit
+    found = management_url_of(ts_config) if ts_config is not None else None
+    return found or DEFAULT_MANAGEMENT_URL
 
 
 def _read_keys(key_file: Path, attempts: int = 40, pause_s: float = 0.05) -> dict:
@@ -194,13 +235,21 @@ def _load_failed(log: Path, offset: int) -> bool:
         return b"Load model failed" in f.read()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Client for the Inf2 LLM TorchServe handler")
     parser.add_argument("--url", default="http://127.0.0.1:8080")
     parser.add_argument("--model", default="llama")
     parser.add_argument("--key-file", type=Path, default=Path("key_file.json"))
     parser.add_argument(
-        "--management-url", default=DEFAULT_MANAGEMENT_URL, help="where an expired inference key is renewed"
+        "--management-url",
+        help=f"where an expired inference key is renewed (default: --ts-config's management_address, "
+        f"else {DEFAULT_MANAGEMENT_URL})",
+    )
+    parser.add_argument(
+        "--ts-config",
+        type=Path,
+        default=DEFAULT_TS_CONFIG,
+        help="the config.properties `make serve` wrote (its management_address)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="stream a completion and print it as it arrives")
@@ -224,7 +273,8 @@ def main() -> None:
     sub.add_parser("ping", help="GET /ping with the inference key (read now); exit 0 only on 200")
     error = sub.add_parser("worker-error", help="print why the worker failed (the last traceback in the model log)")
     error.add_argument("--model-log", type=Path, default=Path("logs/model_log.log"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.management_url = resolve_management_url(args.management_url, args.ts_config)
 
     url = f"{args.url}/predictions/{args.model}"
     if args.command == "token":
@@ -256,7 +306,7 @@ def main() -> None:
             print("  make demo")
         for name, config in served:
             print("\n".join(usage_hints(args.url, name, task_of(config), key)))
-        print("  Ctrl-C (or SIGTERM) drains and stops" if asgi else "  make stop")
+        print("  make stop")
     elif args.command == "wait":
         waited = wait_ready(
             url, args.key_file, args.timeout, args.log, args.pid_file, args.management_url, task_of(args.config)

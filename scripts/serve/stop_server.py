@@ -17,6 +17,10 @@
 
 Without --grace (or with 0) it stops at once, as `torchserve --stop` does, and still kills
 leftover workers, also those of a frontend that was killed.
+
+With --asgi-pid-file it first stops the ASGI frontend that `make serve FRONTEND=asgi` started
+(scripts/serve/asgi_server.py: SIGTERM, which drains, then wait), so `make stop` stops whichever
+frontend runs.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 import psutil
 
 from handler.serving.state import DRAIN_FILE, drained_marker, failed_marker, write_drain
+from scripts.serve import asgi_server
 
 FRONTEND_CLASS = "org.pytorch.serve.ModelServer"  # in the frontend's java command line
 WORKER_SCRIPT = "model_service_worker"  # ts/model_service_worker.py: one process per worker
@@ -166,19 +171,25 @@ def stop_torchserve(
     return report
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Drain, then stop TorchServe; no worker process is left behind")
     parser.add_argument("--pid-file", type=Path, required=True, help="TorchServe's .model_server.pid")
     parser.add_argument("--state-dir", type=Path, help="INF2_STATE_DIR of the server (no drain without it)")
     parser.add_argument("--grace", type=float, default=0.0, help="seconds the requests in flight get to finish")
     parser.add_argument("--torchserve", default="torchserve", help="the torchserve command")
-    args = parser.parse_args()
-    if frontend_process(args.pid_file) is None:
-        print("TorchServe is not running")
+    parser.add_argument("--asgi-pid-file", type=Path, help="the ASGI frontend's pid file (make serve FRONTEND=asgi)")
+    args = parser.parse_args(argv)
+    asgi_took = asgi_server.stop(args.asgi_pid_file, args.grace) if args.asgi_pid_file else None
+    if asgi_took is not None:
+        print(f"the ASGI frontend drained and stopped in {asgi_took:.1f} s")
+    torchserve_running = frontend_process(args.pid_file) is not None
+    if not torchserve_running and asgi_took is None:
+        print("TorchServe is not running" + (" (nor the ASGI frontend)" if args.asgi_pid_file else ""))
     report = stop_torchserve(
         args.pid_file, args.torchserve, dict(os.environ), state_dir=args.state_dir, grace_s=args.grace
     )
-    print(report.summary())
+    if torchserve_running or report.workers_killed:
+        print(report.summary())
 
 
 if __name__ == "__main__":
