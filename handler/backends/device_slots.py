@@ -18,13 +18,13 @@ from transformers import AutoConfig
 
 from handler.backends.base import Backend, clamp_n_positions
 from handler.backends.device_backend import DeviceBackend
+from handler.backends.host_sampling import HostSampling
 from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron.memory import Layout
 from handler.request import GenerationRequest, SlotRequest
-from handler.sampling.sampler import BatchSampler
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,9 @@ class SlotDeviceBackend(DeviceBackend, Backend):
         self.eos_token_ids, self.vocab_size, self.n_positions = facts.eos_token_ids, facts.vocab_size, facts.n_positions
         self.context_buckets = self._plan_buckets()
         self.max_prompt_tokens = self.context_buckets[-1]
-        self.sampler = BatchSampler(self.n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
+        self.sampling = HostSampling(
+            self.n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size
+        )
         if self.settings.memory_check:  # before any core is claimed or the model loads
             layout = Layout(
                 self.tp_degree,
@@ -180,26 +182,27 @@ class SlotDeviceBackend(DeviceBackend, Backend):
     # -- serving ---------------------------------------------------------------------------
     @property
     def samples_on_host(self) -> bool:
-        """Whether the host's BatchSampler picks the tokens (the device returns logits)."""
+        """Whether the host picks the tokens (`self.sampling`; the device returns logits). When it
+        does not, the layer is still built and released per slot, but never asked for a token."""
         return True
 
     @property
     def sampling_s(self) -> float:
-        return self.sampler.last_s if self.samples_on_host else 0.0
+        return self.sampling.seconds if self.samples_on_host else 0.0
 
     def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
-        return self.sampler.refusal(request)
+        return self.sampling.refusal(request)
 
     def release(self, slot: int) -> None:
         self._live.pop(slot, None)
-        self.sampler.remove(slot)
+        self.sampling.release(slot)
 
     def warmup(self) -> None:
         """With host sampling the sampler's grammar masks are built first, whatever `warmup` says
         (host work, seconds at most); then `_warm_up`, the SDK's calls, unless `warmup` is off.
         Every slot is free again afterwards, whether it worked or not."""
         if self.samples_on_host:
-            self.sampler.warmup()
+            self.sampling.warmup()
         if not self.settings.warmup:
             return
         started = time.perf_counter()

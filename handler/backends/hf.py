@@ -8,7 +8,7 @@ sequences join and leave between decode steps:
 - `decode` runs ONE forward for the given slots: their caches are left-padded to a
   common length and stacked (zeros on the padding, masked out by a 2-D attention mask),
   each row's new token sits at its own position (its cached length), and the rows are
-  sampled together by the backend's `BatchSampler`.
+  sampled together by the backend's host sampling (`host_sampling.HostSampling`).
 
 The stacked cache is kept between steps: while the decoded set of slots stays the same,
 each step appends one column to it (as `generate` does). It is rebuilt only when a slot
@@ -31,12 +31,12 @@ import transformers
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from handler.backends.base import Backend, clamp_n_positions
+from handler.backends.host_sampling import HostSampling
 from handler.backends.kv_cache import AppendCache, ForwardKwargs, LayerKV, layers_of, stack, truncate, unpad_row
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import HandlerConfig
 from handler.request import GenerationRequest, SlotRequest, TokenChoice
 from handler.sampling.logprobs import prompt_logprobs
-from handler.sampling.sampler import BatchSampler
 
 logger = logging.getLogger(__name__)
 
@@ -103,16 +103,16 @@ class HFBackend(Backend):
         self._forward_kwargs = ForwardKwargs(self.model)
         self._slots: dict[int, _Slot] = {}
         self._batch: _Batch | None = None
-        self.sampler = BatchSampler(n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
+        self.sampling = HostSampling(n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
 
     # -- the contract ------------------------------------------------------------------
 
     @property
     def sampling_s(self) -> float:
-        return self.sampler.last_s
+        return self.sampling.seconds
 
     def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
-        return self.sampler.refusal(request)
+        return self.sampling.refusal(request)
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         """Each request alone (batch 1, no padding). All or nothing: if one fails, none of
@@ -127,7 +127,8 @@ class HFBackend(Backend):
                 for request in requests:
                     prompt_logits.append(self._prefill_one(request))
                     done.append(request)
-                choices = self._first_tokens(requests, torch.stack([logits[-1] for logits in prompt_logits]))
+                last_logits = torch.stack([logits[-1] for logits in prompt_logits])
+                choices = self.sampling.first_tokens(requests, last_logits)
                 for i, (request, logits) in enumerate(zip(requests, prompt_logits, strict=True)):
                     self._slots[request.slot].next_token = choices[i].token_id
                     if request.prompt_logprobs:
@@ -158,7 +159,7 @@ class HFBackend(Backend):
                     position_ids=torch.tensor([[state.length] for state in states], dtype=torch.long),
                     **self._forward_kwargs(batch.cache),
                 )
-                choices = self.sampler.sample(batch.slots, out.logits[:, -1], self.vocab_size)
+                choices = self.sampling.next_tokens(batch.slots, out.logits[:, -1])
             except BaseException:
                 # Layers before the failure appended their column: cut every layer back.
                 batch.cache = truncate(batch.cache, width)
@@ -174,7 +175,7 @@ class HFBackend(Backend):
     def release(self, slot: int) -> None:
         """Forget the slot's sequence; releasing a free slot is a no-op."""
         self._check_slot(slot)
-        self.sampler.remove(slot)
+        self.sampling.release(slot)
         if self._slots.pop(slot, None) is None:
             return
         if self._batch is not None and slot in self._batch.slots:
@@ -185,7 +186,7 @@ class HFBackend(Backend):
     def warmup(self) -> None:
         if 0 in self._slots:
             raise ValueError("warmup needs slot 0 free")
-        self.sampler.warmup()
+        self.sampling.warmup()
         prompt = tuple(self.encode("Hello, world")) or (0,)
         self.prefill([SlotRequest(slot=0, prompt_ids=prompt[: self.n_positions - 3], ignore_eos=True)])
         try:
@@ -214,12 +215,6 @@ class HFBackend(Backend):
         )
         self._slots[request.slot] = _Slot(n, -1, layers_of(cache))
         return out.logits[0]
-
-    def _first_tokens(self, requests: Sequence[SlotRequest], last_logits: torch.Tensor) -> list[TokenChoice]:
-        """One sampler call over the step's prefilled rows."""
-        for request in requests:
-            self.sampler.add(request)
-        return self.sampler.sample([r.slot for r in requests], last_logits, self.vocab_size)
 
     def _restack(self, slots: tuple[int, ...]) -> _Batch:
         """A new stacked batch of `slots`; every slot's K/V is copied into it once."""

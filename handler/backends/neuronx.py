@@ -22,7 +22,7 @@ Serving: the step contract of handler/backends/base.py on the SDK's continuous b
 `_prepare_for_par_ctx_rhs_padding`, `_postprocess`). Slot k of the engine is the SDK's
 sequence id k (`start_ids`), i.e. line k of every KV cache; each slot remembers the token it
 chose last and that token's position (cache id). The host picks every row's token of a step in
-one call to the backend's `BatchSampler` (the device returns logits).
+one call to the backend's host sampling (`host_sampling.HostSampling`; the device returns logits).
 
 - prefill: one request at a time (under continuous batching the context kernel is compiled
   for batch 1, llama/model.py `context_batch_sizes`, so the SDK would loop anyway):
@@ -260,9 +260,7 @@ class NeuronxBackend(SlotDeviceBackend):
         if not requests:
             return []
         encoded = [self._encode(request.slot, request.prompt_ids) for request in requests]
-        for request in requests:
-            self.sampler.add(request)
-        choices = self.sampler.sample([r.slot for r in requests], torch.stack([logits[-1] for logits in encoded]))
+        choices = self.sampling.first_tokens(requests, torch.stack([logits[-1] for logits in encoded]))
         for i, (request, logits) in enumerate(zip(requests, encoded, strict=True)):
             if request.prompt_logprobs:
                 if logits.shape[0] < len(request.prompt_ids) - 1:
@@ -286,7 +284,7 @@ class NeuronxBackend(SlotDeviceBackend):
             # With output_all_logits the SDK's _postprocess returns a decode's logits as the kernel made them:
             # one row per sequence line (all max_num_seqs of them), in line order, not in input order.
             logits = logits[torch.tensor(slots, dtype=torch.long)]
-        choices = self.sampler.sample(slots, logits, self.vocab_size)
+        choices = self.sampling.next_tokens(slots, logits)
         for state, choice in zip(states, choices, strict=True):
             state.token, state.position = choice.token_id, state.position + 1
         return choices

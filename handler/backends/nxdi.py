@@ -31,11 +31,10 @@ Serving (the step contract of handler/backends/base.py):
 - tokens: by default the device returns float32 logits `[rows, 1, vocab]` (at SDK 2.28 a
   vocabulary that tp_degree does not divide keeps its width, with its last columns at
   finfo.min; wider logits, as with output_logits, are cut to the vocabulary) and the host's
-  `BatchSampler` picks every row's token
-  in one pass (all sampling parameters, seeds and logprobs, as on hf). With on-device sampling
-  the device returns each row's token; the per-row `[top_k, top_p, temperature]` come from this
-  backend's slot map, and a request that asks for what the device cannot do gets a 400
-  (`request_refusal`).
+  sampling (`host_sampling.HostSampling`) picks every row's token in one pass (all sampling
+  parameters, seeds and logprobs, as on hf). With on-device sampling the device returns each
+  row's token; the per-row `[top_k, top_p, temperature]` come from this backend's slot map, and
+  a request that asks for what the device cannot do gets a 400 (`request_refusal`).
 """
 
 from __future__ import annotations
@@ -304,7 +303,7 @@ class NxdiBackend(SlotDeviceBackend):
     def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
         if self.on_device:
             return device_sampling_refusal(request, self.settings.global_topk)
-        return self.sampler.refusal(request)
+        return self.sampling.refusal(request)
 
     @property
     def device_sampling_topk(self) -> int | None:
@@ -325,11 +324,7 @@ class NxdiBackend(SlotDeviceBackend):
         if self.on_device:
             choices = [TokenChoice(int(out.reshape(-1)[0])) for out in outputs]
         else:
-            for request in requests:
-                self.sampler.add(request)
-            choices = self.sampler.sample(
-                [r.slot for r in requests], torch.cat([self._last_logits(o) for o in outputs])
-            )
+            choices = self.sampling.first_tokens(requests, torch.cat([self._last_logits(o) for o in outputs]))
         for request, choice in zip(requests, choices, strict=True):
             self._live[request.slot] = _Slot(
                 choice.token_id, len(request.prompt_ids), self._sampling_row(request.sampling)
@@ -369,7 +364,7 @@ class NxdiBackend(SlotDeviceBackend):
         if self.on_device:
             choices = [TokenChoice(int(token)) for token in out.reshape(-1).tolist()]
         else:
-            choices = self.sampler.sample(ordered, self._last_logits(out))
+            choices = self.sampling.next_tokens(ordered, self._last_logits(out))
         by_slot = dict(zip(ordered, choices, strict=True))
         for slot, state in zip(ordered, states, strict=True):
             state.token, state.position = by_slot[slot].token_id, state.position + 1

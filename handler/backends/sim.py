@@ -50,6 +50,7 @@ from typing import Any, Protocol
 import torch
 
 from handler.backends.base import Backend, clamp_n_positions
+from handler.backends.host_sampling import HostSampling, Sampler
 from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
 from handler.backends.sim_profile import Profile, load_profile, resolve_profile_path
 from handler.backends.tokenizer import load_tokenizer
@@ -57,7 +58,6 @@ from handler.config import HandlerConfig, SimConfig
 from handler.errors import ConfigError
 from handler.neuron.memory import Layout
 from handler.request import GenerationRequest, SlotRequest, TokenChoice
-from handler.sampling.sampler import BatchSampler
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +148,18 @@ class SimModel:
         self.clock = clock or RealClock()
         self.slots: dict[int, SimSlot] = {}
         self.busy_s = 0.0  # simulated device time charged so far
-        self.sampler = BatchSampler(profile.batch_size, {eos_token_id}, n_positions, tokenizer, profile.vocab_size)
+        self.sampling = HostSampling(profile.batch_size, {eos_token_id}, n_positions, tokenizer, profile.vocab_size)
         self.logits = stand_in_logits(profile.batch_size, profile.vocab_size)
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler the host sampling drives. Settable: the bench's per-slot baseline
+        (scripts/bench/per_slot_sampler.py, `PerSlotSimModel`) puts its own in its place."""
+        return self.sampling.sampler
+
+    @sampler.setter
+    def sampler(self, sampler: Sampler) -> None:
+        self.sampling.sampler = sampler
 
     def _charge(self, started: float, seconds: float) -> None:
         seconds *= self.sim.time_scale
@@ -162,7 +172,7 @@ class SimModel:
             slot = self.slots[s]
             if slot.position >= self.n_positions:
                 raise ValueError(f"slot position {slot.position} is past n_positions {self.n_positions}")
-        picks = self.sampler.sample(slots, self.logits[: len(slots)])
+        picks = self.sampling.next_tokens(slots, self.logits[: len(slots)])  # profile.vocab_size wide
         out = []
         for s, pick in zip(slots, picks, strict=True):
             slot = self.slots[s]
@@ -206,7 +216,10 @@ class SimModel:
                 if eos_at is not None and eos_at <= request.sampling.min_tokens:
                     eos_at = request.sampling.min_tokens + 1
                 self.slots[request.slot] = SimSlot(request, rng, eos_at, position=len(request.prompt_ids))
-                self.sampler.add(request)
+                # Not `first_tokens`: each request is registered before its simulated prefill is
+                # charged, so a constraint the sampler cannot take fails the call before the clock
+                # runs for it; the rows are then sampled together, as prefill rows (`_next_tokens`).
+                self.sampling.register(request)
                 self._charge(started, self.profile.prefill_s(1, len(request.prompt_ids)))
             return self._next_tokens([r.slot for r in requests])
         except BaseException:
@@ -225,7 +238,7 @@ class SimModel:
 
     def release(self, slot: int) -> None:
         self.slots.pop(slot, None)
-        self.sampler.remove(slot)
+        self.sampling.release(slot)
 
 
 class SimBackend(Backend):
@@ -293,19 +306,19 @@ class SimBackend(Backend):
             return None
         if self._constraint_refusal is not None:
             return "constraint", self._constraint_refusal
-        return self.model.sampler.refusal(request)
+        return self.model.sampling.refusal(request)
 
     def warmup(self) -> None:
         """Build the sampler's grammar masks, and let the clock learn how late `time.sleep` wakes
         before the first request."""
-        self.model.sampler.warmup()
+        self.model.sampling.warmup()
         clock = self.model.clock
         for _ in range(20):
             clock.sleep_until(clock.now() + 0.005)
 
     @property
     def sampling_s(self) -> float:
-        return self.model.sampler.last_s
+        return self.model.sampling.seconds
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         return self.model.prefill(requests)
