@@ -221,6 +221,11 @@ class EngineClient:
             if entry.failure is not None:  # failed while it compiled (drain, watchdog)
                 return
         self._to_engine(work)
+        with self._lock:  # released meanwhile (from the frontend's thread): its abort found nothing yet
+            released = self._requests.get(request_id) is not entry
+        if released:
+            for sequence in work.sequences:
+                self.engine.abort(sequence.request_id)
 
     def _check_held(self, request_ids: list[str]) -> None:
         """Held requests whose compile ran past its budget get their 400 (`settle` says so)."""
