@@ -211,3 +211,21 @@ def test_a_replica_that_gives_up_fails_the_model_once_and_refuses_later_requests
     news = client.take(["late"])["late"]
     assert news.failure is not None and "replica 1 failed 3 starts" in news.failure.message
     assert replicas.submitted == []
+
+
+def test_a_request_released_while_its_compile_hands_it_over_is_aborted_in_the_engine(tiny_tokenizer):
+    engine = RecordingEngine()
+    client = EngineClient(CORE, engine, 600.0)  # type: ignore[arg-type]
+    work = work_for(tiny_tokenizer, "constrained", "c")
+    work.compiling, future = pending()
+    client.submit(work)
+    hand_over = client._to_engine
+
+    def released_meanwhile(w: Work) -> None:  # the frontend's thread releases it just before the hand-over
+        assert client.release(w.request_id) is True
+        hand_over(w)
+
+    client._to_engine = released_meanwhile  # type: ignore[method-assign]
+    future.set_result(None)
+    submitted = engine.calls.index(("submit", "c"))
+    assert ("abort", "c") in engine.calls[submitted:]  # aborted once in the engine: not left to run for nobody
