@@ -45,7 +45,7 @@ from handler.core.preparation import Work
 from handler.core.timing import arrival_from_headers
 from handler.errors import InvalidRequest, ServiceUnavailable, ServingError, to_http
 from handler.frontend.auth import BearerKey
-from handler.frontend.body import read_body, unless_disconnected
+from handler.frontend.body import ClientLeft, read_body, unless_disconnected
 from handler.frontend.embedding import ServedEmbedder
 from handler.frontend.generation import GenerationResponse
 from handler.frontend.http_errors import Unauthorized, status_error
@@ -190,6 +190,11 @@ def build_app(
             headers = {"Connection": "close"}
         return json_error(exc, headers)
 
+    async def client_left(request: Request, exc: Exception) -> Response:
+        """One line for a client that left mid-body; the 499 (nginx's name for it) reaches nobody."""
+        logger.info("a client left while sending its body to %s", request.url.path[:200])
+        return Response(status_code=499)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         model.start_loading(asyncio.get_running_loop())
@@ -211,7 +216,7 @@ def build_app(
     ]
     app = Starlette(
         routes=routes,
-        exception_handlers={HTTPException: http_error, ServingError: serving_error},
+        exception_handlers={HTTPException: http_error, ServingError: serving_error, ClientLeft: client_left},
         lifespan=lifespan,
     )
     app.state.model = model

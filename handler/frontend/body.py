@@ -8,12 +8,17 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive
 
 from handler.frontend.http_errors import PayloadTooLarge, RequestTimeout
 
 T = TypeVar("T")
+
+
+class ClientLeft(Exception):
+    """The client disconnected before its whole body arrived: nobody is left to answer (the app
+    logs one line, never a traceback: a client could otherwise fill the log)."""
 
 
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
@@ -24,6 +29,8 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
         return await asyncio.wait_for(_read(request, limit), timeout_s)
     except asyncio.TimeoutError:
         raise RequestTimeout(f"the body did not arrive within {timeout_s:g} s", "body") from None
+    except ClientDisconnect:
+        raise ClientLeft from None
 
 
 async def _read(request: Request, limit: int) -> bytes:

@@ -66,6 +66,7 @@ class InProcessFrontend:
     model: ServedModel | ServedEmbedder
     model_name: str
     key: str | None
+    app: Any = None  # the ASGI app itself, for tests that drive its receive/send by hand
 
     @property
     def headers(self) -> dict[str, str]:
@@ -116,7 +117,7 @@ def running_in_process(
 
     held = asyncio.run_coroutine_threadsafe(lifespan(), loop)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE_URL)
-    frontend = InProcessFrontend(loop, client, model, model_name, key)
+    frontend = InProcessFrontend(loop, client, model, model_name, key, app)
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not up.wait(0.02):
