@@ -16,6 +16,7 @@ class ServingError(Exception):
 
     status: int = 500
     error_type: str = "server_error"
+    code: str | None = None  # a machine-readable reason, where a wire format carries one (OpenAI's `code`)
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -44,6 +45,12 @@ class UnsupportedMediaType(ServingError):
 class NotFound(ServingError):
     status = 404
     error_type = "not_found_error"
+
+
+class ModelNotFound(NotFound):
+    """A route that names its model got another name (OpenAI's and vLLM's answer: 404 `model_not_found`)."""
+
+    code = "model_not_found"
 
 
 class EngineError(ServingError):

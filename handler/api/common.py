@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from handler.api.json_tree import check_json_tree, printable
-from handler.errors import InvalidRequest
+from handler.errors import InvalidRequest, ModelNotFound
 from handler.grammar.grammars import json_schema_text
 from handler.request import Constraint, Limits
 
@@ -220,3 +220,15 @@ def penalty(value: float | int | None, param: str) -> float:
     if not -2.0 <= value <= 2.0:
         raise InvalidRequest(f"{param} must be between -2 and 2, got {value}", param)
     return float(value)
+
+
+def served_model(requested: str | None, served: str, named_route: bool) -> str:
+    """The `model` a response names. On a route that names its API (`v1/completions`, ...), a body's
+    `model` must be the served one: another is a 404 `model_not_found`. A body routed by its shape
+    (`/invocations`, `/predictions/<model>`: SageMaker's clients send whatever name) is served as is."""
+    if not named_route:
+        return requested or served
+    if requested is not None and requested != served:
+        shown = printable(requested)[:100]
+        raise ModelNotFound(f"the model '{shown}' does not exist; this server serves '{served}'", "model")
+    return served

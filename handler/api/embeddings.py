@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from handler.api.common import compact_json, extra_fields, log_ignored, validated
+from handler.api.common import compact_json, extra_fields, log_ignored, served_model, validated
 from handler.api.embedding_schemas import (
     EmbeddingRequest,
     EmbeddingsBody,
@@ -75,9 +75,10 @@ class EmbeddingApi(ABC):
 class OpenAIEmbeddingsApi(EmbeddingApi):
     name = "openai.embeddings"
 
-    def __init__(self, model_name: str, dimension: int) -> None:
+    def __init__(self, model_name: str, dimension: int, named_route: bool = False) -> None:
         self.model = model_name
         self.dimension = dimension
+        self.named_route = named_route  # reached by its route's name: the body's `model` must be the served one
 
     def parse(self, body: dict[str, Any] | str, max_inputs: int) -> EmbeddingRequest:
         if not isinstance(body, dict):
@@ -93,7 +94,7 @@ class OpenAIEmbeddingsApi(EmbeddingApi):
                 "dimensions",
             )
         inputs, single = parse_inputs(req.input, "input", max_inputs)
-        self.model = req.model or self.model
+        self.model = served_model(req.model, self.model, self.named_route)
         return EmbeddingRequest(inputs, "input", single, req.encoding_format or "float", req.dimensions)
 
     def reply(self, request: EmbeddingRequest, vectors: np.ndarray, prompt_tokens: int) -> str:

@@ -32,6 +32,7 @@ from handler.api.common import (
     json_schema_constraint,
     log_ignored,
     output_shaping,
+    served_model,
     sse,
     stop_strings,
     validated,
@@ -68,7 +69,7 @@ def error_body(error: ServingError) -> dict[str, Any]:
     """The OpenAI error object: {"error": {"message", "type", "param", "code"}}."""
     body = to_http(error).body
     inner = dict(body["error"])
-    inner["code"] = None
+    inner["code"] = error.code
     return {"error": inner}
 
 
@@ -88,8 +89,9 @@ class _OpenAIGeneration(Api):
     chunk_object_name: ClassVar[str]
     prompt_param: ClassVar[str]  # the field an empty prompt is blamed on
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, named_route: bool = False) -> None:
         self.model = model_name
+        self.named_route = named_route  # reached by its route's name: the body's `model` must be the served one
         self.created = int(time.time())
         self.include_usage = False
         self._started: set[int] = set()  # choice indices whose first chunk went out
@@ -106,7 +108,7 @@ class _OpenAIGeneration(Api):
         n = req.n or 1
         if n > N_MAX:
             raise InvalidRequest(f"n must be between 1 and {N_MAX}, got {n}", "n")
-        self.model = req.model or self.model
+        self.model = served_model(req.model, self.model, self.named_route)
         self.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         prompt, add_special_tokens, token_ids = self._prompt(req, tokenizer)
         if token_ids is None and not prompt.strip():
@@ -256,8 +258,8 @@ class CompletionsApi(_OpenAIGeneration):
         "suffix": "this server does not insert text (no fill-in-the-middle)",
     }
 
-    def __init__(self, model_name: str) -> None:
-        super().__init__(model_name)
+    def __init__(self, model_name: str, named_route: bool = False) -> None:
+        super().__init__(model_name, named_route)
         self.echo = False
 
     def _prompt(self, req: CompletionRequest, tokenizer: Any) -> tuple[str, bool, tuple[int, ...] | None]:
@@ -318,8 +320,8 @@ class ChatCompletionsApi(_OpenAIGeneration):
         "function_call": "the deprecated function_call field is not supported; send tool_choice",
     }
 
-    def __init__(self, model_name: str, tool_parser: str = DEFAULT_TOOL_PARSER) -> None:
-        super().__init__(model_name)
+    def __init__(self, model_name: str, tool_parser: str = DEFAULT_TOOL_PARSER, named_route: bool = False) -> None:
+        super().__init__(model_name, named_route)
         self.tool_parser = tool_parser  # the model family's tool-call format (handler/api/tool_parsers)
         self.tools: ToolSetup | None = None
         self._parser: ToolParser | None = None  # set when the output may hold tool calls

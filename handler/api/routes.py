@@ -27,6 +27,9 @@ Task = Literal["generate", "embed"]
 GENERATE: frozenset[Task] = frozenset({"generate"})
 EMBED: frozenset[Task] = frozenset({"embed"})
 ID_PARAM = "model_id"  # the ASGI path parameter of a `with_id` route's id
+# A route that takes a `model` in its body: reached by its name, the body must name the served model
+# (handler/api/common.py, served_model); the same body routed by its shape is served whatever it names.
+NAMED = {"named_route": True}
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,14 @@ class Route:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("v1/completions", ("/v1/completions",), CompletionsApi, takes=("model_name",)),
-    Route("v1/chat/completions", ("/v1/chat/completions",), ChatCompletionsApi, takes=("model_name", "tool_parser")),
+    Route("v1/completions", ("/v1/completions",), CompletionsApi, takes=("model_name",), options=NAMED),
+    Route(
+        "v1/chat/completions",
+        ("/v1/chat/completions",),
+        ChatCompletionsApi,
+        takes=("model_name", "tool_parser"),
+        options=NAMED,
+    ),
     Route("generate", ("/generate",), TgiApi),  # the body's `stream` decides: SSE or one JSON object
     Route("generate_stream", ("/generate_stream",), TgiApi, options={"always_stream": True}),
     Route(
@@ -82,7 +91,14 @@ ROUTES: tuple[Route, ...] = (
         tasks=GENERATE | EMBED,
         with_id=True,
     ),
-    Route("v1/embeddings", ("/v1/embeddings",), OpenAIEmbeddingsApi, takes=("model_name", "dimension"), tasks=EMBED),
+    Route(
+        "v1/embeddings",
+        ("/v1/embeddings",),
+        OpenAIEmbeddingsApi,
+        takes=("model_name", "dimension"),
+        options=NAMED,
+        tasks=EMBED,
+    ),
 )
 BY_NAME: dict[str, Route] = {route.name: route for route in ROUTES}
 assert len(BY_NAME) == len(ROUTES), "two routes share a name"

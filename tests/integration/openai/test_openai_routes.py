@@ -206,3 +206,19 @@ def test_embeddings_on_the_llm_archive_are_a_400_that_names_the_embedding_archiv
         assert reply.status == 400 and error["param"] == param
         assert "serves text generation" in error["message"] and "handler.task: embed" in error["message"]
     assert good.status == 200  # a batch-mate of both
+
+
+@pytest.mark.parametrize("route", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize("name", ["gpt-4", "../../etc/passwd"])
+def test_a_model_this_server_does_not_serve_is_a_404_model_not_found(call, route, name):
+    """Issue 42, item 5: OpenAI's and vLLM's answer, on TorchServe's named routes (the served model
+    here is "m"); a batch-mate naming the served model is answered as usual."""
+    body = (
+        {"prompt": "hi", "max_tokens": 2} if route == COMPLETIONS else {"messages": [{"role": "user", "content": "hi"}]}
+    )
+    unknown, served = call((route, {**body, "model": name}), (route, {**body, "model": "m", "max_tokens": 2}))
+    assert unknown.status == 404
+    error = json.loads(unknown.final)["error"]
+    assert (error["code"], error["param"], error["type"]) == ("model_not_found", "model", "not_found_error")
+    assert name in error["message"] and "'m'" in error["message"]
+    assert served.status == 200 and json.loads(served.final)["model"] == "m"
