@@ -106,7 +106,13 @@ def wait_after_n_at_the_limit(server: TorchServe) -> dict[str, float]:
                 out.setdefault(key, time.perf_counter() - started)
 
     normal = {"prompt": "Today the weather is", "max_new_tokens": 8}
-    many = {"model": "m", "prompt": "Today the weather is", "max_tokens": 200, "n": SLOTS, "ignore_eos": True}
+    many = {
+        "model": server.model_name,
+        "prompt": "Today the weather is",
+        "max_tokens": 200,
+        "n": SLOTS,
+        "ignore_eos": True,
+    }
     out: dict[str, float] = {}
     first_byte(normal, out, "alone_s")
     holder = threading.Thread(
