@@ -223,6 +223,12 @@ class HandlerConfig(_Section):
         gt=0,
         description="a model step running longer fails the requests in flight (continuous mode) instead of hanging",
     )
+    max_queue_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="continuous mode, both frontends: a request that has not got its first token this long after "
+        "it reached the engine (waiting for a slot) is answered 503 with Retry-After instead of waiting on",
+    )
     cpu_threads: int | None = Field(
         default=None,
         ge=1,

@@ -17,6 +17,7 @@ class ServingError(Exception):
     status: int = 500
     error_type: str = "server_error"
     code: str | None = None  # a machine-readable reason, where a wire format carries one (OpenAI's `code`)
+    retry_after_s: int | None = None  # answered with a Retry-After header (seconds)
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -65,6 +66,20 @@ class ServiceUnavailable(ServingError):
 
     status = 503
     error_type = "service_unavailable"
+
+
+class Overloaded(ServiceUnavailable):
+    """Too busy to serve this request now (no slot within the wait a request may have, or too many in
+    flight): a fast 503 that says when to retry (`Retry-After`), and `reason` for the metrics."""
+
+    retry_after_s = 1
+
+    def __init__(self, message: str, reason: str, param: str | None = None) -> None:
+        super().__init__(message, param)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.message, self.reason, self.param)
 
 
 class ModelLoadFailed(ServingError):

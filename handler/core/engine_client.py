@@ -10,6 +10,8 @@ What it decides so that no frontend has to:
 - the step watchdog: a step running longer than `handler.step_timeout_s` (a hung device call)
   fails every request in flight with a 500 (an in-band error once its stream is open) instead of
   hanging its clients; the engine drops their sequences when the step returns;
+- bounded waits: a request that has no first token `handler.max_queue_wait_s` after it reached
+  the engine (it waits for a slot) is taken out and answered a 503 with Retry-After (`Overloaded`);
 - a replica that gave up starting fails everything in flight and every later request
   (`failure`), and the frontend is told (`on_health`).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -25,7 +28,7 @@ from handler.core.preparation import GenerationCore, Work
 from handler.core.response import News
 from handler.engine.interface import Engine
 from handler.engine.step_engine import StepEngine, StepRecord
-from handler.errors import EngineError, ServingError
+from handler.errors import EngineError, Overloaded, ServingError
 from handler.replicas.model import ReplicatedModel
 from handler.replicas.replica_set import Health, ReplicaSet
 
@@ -43,16 +46,23 @@ class _InFlight:
     held: bool  # its constraint is compiling: not in the engine yet
     failure: ServingError | None = None  # to report at the next take
     updates: list = field(default_factory=list)  # taken from the engine, not yet from us
+    since: float = 0.0  # when it reached the engine (time.monotonic)
 
 
 class EngineClient:
     def __init__(
-        self, core: GenerationCore, engine: Engine, step_timeout_s: float, replicas: ReplicaSet | None = None
+        self,
+        core: GenerationCore,
+        engine: Engine,
+        step_timeout_s: float,
+        replicas: ReplicaSet | None = None,
+        max_queue_wait_s: float | None = None,
     ) -> None:
         self.core = core
         self.engine = engine
         self.replicas = replicas
         self.step_timeout_s = step_timeout_s
+        self.max_queue_wait_s = max_queue_wait_s  # None: a request waits for a slot as long as it takes
         self.failure: str | None = None  # the replicas gave up: every request fails with it
         self.on_health: Callable[[Health], None] | None = None  # replicas went down, came back or gave up
         self._lock = threading.Lock()
@@ -65,13 +75,12 @@ class EngineClient:
     def build(cls, core: GenerationCore) -> EngineClient:
         """The model's engine: its replicas (`scheduler.replicas` > 1, each stepping on its own),
         or one `StepEngine` over the backend. Not started: see `start`."""
-        settings = core.config.scheduler
-        step_timeout_s = core.config.handler.step_timeout_s
+        settings, handler = core.config.scheduler, core.config.handler
         backend = core.backend
         if isinstance(backend, ReplicatedModel):
-            return cls(core, backend.replicas, step_timeout_s, backend.replicas)
+            return cls(core, backend.replicas, handler.step_timeout_s, backend.replicas, handler.max_queue_wait_s)
         engine = StepEngine(backend, settings.prefill_token_budget, admission_wait=settings.admission_wait)
-        return cls(core, engine, step_timeout_s)
+        return cls(core, engine, handler.step_timeout_s, max_queue_wait_s=handler.max_queue_wait_s)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -92,7 +101,7 @@ class EngineClient:
         constraint still compiles is held until it compiled; a failed model refuses it as news."""
         with self._lock:
             entry = self._requests[work.request_id] = _InFlight(
-                work, {s.request_id for s in work.sequences}, held=work.compiling is not None
+                work, {s.request_id for s in work.sequences}, held=work.compiling is not None, since=time.monotonic()
             )
             for sequence in work.sequences:
                 self._of_sequence[sequence.request_id] = work.request_id
@@ -156,6 +165,7 @@ class EngineClient:
         ids = list(request_ids)
         self._check_held(ids)
         self._watchdog()
+        self._expire_waits()
         with self._lock:
             sequence_ids = [s for i in ids if (e := self._requests.get(i)) is not None and not e.held for s in e.open]
         updates = self.engine.take(sequence_ids)
@@ -202,6 +212,10 @@ class EngineClient:
 
     # -- inside ------------------------------------------------------------------------------
     def _to_engine(self, work: Work) -> None:
+        with self._lock:
+            entry = self._requests.get(work.request_id)
+            if entry is not None:
+                entry.since = time.monotonic()
         for sequence in work.sequences:
             self.engine.submit(sequence)
         self.engine.admissions_done()  # a step held for a newcomer may start: here it is
@@ -253,6 +267,28 @@ class EngineClient:
                 self.step_timeout_s,
                 len(failing),
             )
+        for sequence_id in aborts:
+            self.engine.abort(sequence_id)
+
+    def _expire_waits(self) -> None:
+        """Requests that waited `max_queue_wait_s` for a slot without a first token get their 503."""
+        limit = self.max_queue_wait_s
+        if limit is None:
+            return
+        now, aborts = time.monotonic(), []
+        with self._lock:
+            for entry in self._requests.values():
+                if entry.held or entry.failure is not None or now - entry.since <= limit:
+                    continue
+                if any(s.first_token_at is not None for s in entry.work.sequences):
+                    continue
+                entry.failure = Overloaded(
+                    f"no slot was free within handler.max_queue_wait_s ({limit:g} s): the server is busy; retry "
+                    "shortly",
+                    "queue_wait",
+                )
+                aborts += entry.open
+                entry.open = set()
         for sequence_id in aborts:
             self.engine.abort(sequence_id)
 

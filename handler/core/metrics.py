@@ -24,6 +24,8 @@ Continuous mode, per handler call / engine step:
   llm_frontend_round_trip_seconds  from one handler reply to the frontend's next call
                                    (TorchServe only: the ASGI frontend has no such gap)
   llm_cancelled_requests           requests whose client went away before the end (counter)
+  llm_rejected_requests            requests answered a fast 503 with Retry-After (counter, label
+                                   `reason`: queue_wait, in_flight)
 With scheduler.replicas > 1, per handler call (the ASGI frontend: per scrape):
   llm_replicas_ready               replicas serving (gauge; below scheduler.replicas while one
                                    restarts)
@@ -112,6 +114,14 @@ ROUND_TRIP = MetricSpec(
     "llm_frontend_round_trip_seconds", HISTOGRAM, "s", "From one handler reply to TorchServe's next call."
 )
 CANCELLED = MetricSpec("llm_cancelled_requests", COUNTER, "count", "Requests whose client went away before the end.")
+REJECTED = MetricSpec(
+    "llm_rejected_requests",
+    COUNTER,
+    "count",
+    "Requests answered a fast 503 with Retry-After, by reason (queue_wait: no slot within handler.max_queue_wait_s; "
+    "in_flight: the ASGI frontend's in-flight bound).",
+    ("reason",),
+)
 REPLICAS_READY = MetricSpec("llm_replicas_ready", GAUGE, "count", "Replicas serving (scheduler.replicas > 1).")
 REPLICA_OCCUPIED = MetricSpec(
     "llm_replica_slots_occupied", GAUGE, "count", "Slots holding a sequence, per serving replica.", ("Replica",)
@@ -138,6 +148,7 @@ SERVING_METRICS = (
     STEP_DETOKENIZE,
     ROUND_TRIP,
     CANCELLED,
+    REJECTED,
     REPLICAS_READY,
     REPLICA_OCCUPIED,
 )
@@ -223,6 +234,9 @@ class ServingMetrics:
 
     def cancelled(self) -> None:
         self.record(CANCELLED, 1)
+
+    def rejected(self, reason: str) -> None:
+        self.record(REJECTED, 1, {"reason": reason})
 
     def response(self, route: str, status: int) -> None:
         self.record(HTTP_RESPONSES, 1, {"route": route, "status": str(status)})

@@ -28,7 +28,7 @@ from handler.core.preparation import Work
 from handler.core.replies import wire_error
 from handler.engine.outbox import Update
 from handler.engine.sequence import Sequence
-from handler.errors import ServingError
+from handler.errors import Overloaded, ServingError
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +36,12 @@ JSON = "application/json"
 
 
 class FinishedRequests(Protocol):
-    """Where a request that ended well is counted (handler/core/metrics.py's ServingMetrics)."""
+    """Where a request that ended well, or was turned away, is counted (handler/core/metrics.py's
+    ServingMetrics)."""
 
     def request_finished(self, sequence: Sequence) -> None: ...
+
+    def rejected(self, reason: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Output:
     whole: bool = False
     status: int = 200
     error: ServingError | None = None  # a whole error response: its reason phrase comes from the route
+    headers: tuple[tuple[str, str], ...] = ()  # more response headers (Retry-After)
 
     @property
     def failed(self) -> bool:
@@ -168,7 +172,10 @@ class ResponseMachine:
         logger.info("request %s failed: %s %s", self.work.request_id, error.status, error.message)
         status, _ = self.api.http_status(error)
         body = self.api.error(error, midstream=False)
-        return self._emit(Output(body, JSON, end=True, whole=True, status=status, error=error))
+        headers = retry_after(error)
+        if isinstance(error, Overloaded) and self.finished is not None:
+            self.finished.rejected(error.reason)
+        return self._emit(Output(body, JSON, end=True, whole=True, status=status, error=error, headers=headers))
 
     def _emit(self, output: Output) -> Output:
         self.opened = self.opened or not output.whole
@@ -179,6 +186,11 @@ class ResponseMachine:
         log_request(sequence)
         if self.finished is not None:
             self.finished.request_finished(sequence)
+
+
+def retry_after(error: ServingError) -> tuple[tuple[str, str], ...]:
+    """The Retry-After header of an error that says when to retry (a 503 `Overloaded`)."""
+    return () if error.retry_after_s is None else (("Retry-After", str(error.retry_after_s)),)
 
 
 def log_request(sequence: Sequence) -> None:

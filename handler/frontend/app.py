@@ -43,7 +43,7 @@ from handler.api.routes import ID_PARAM, ROUTES, match
 from handler.api.routes import Route as ApiRoute
 from handler.core.preparation import Work
 from handler.core.timing import arrival_from_headers
-from handler.errors import InvalidRequest, ServiceUnavailable, ServingError, to_http
+from handler.errors import InvalidRequest, Overloaded, ServingError, to_http
 from handler.frontend.auth import BearerKey
 from handler.frontend.body import ClientLeft, read_body, unless_disconnected
 from handler.frontend.embedding import ServedEmbedder
@@ -63,6 +63,8 @@ class Limits:
 
 
 def json_error(error: ServingError, headers: dict[str, str] | None = None) -> JSONResponse:
+    if error.retry_after_s is not None:
+        headers = {**(headers or {}), "Retry-After": str(error.retry_after_s)}
     return JSONResponse(to_http(error).body, status_code=error.status, headers=headers)
 
 
@@ -97,6 +99,13 @@ def build_app(
 ) -> Any:
     metrics = FrontendMetrics()
 
+    def turned_away(metric_route: str) -> Response:
+        """The in-flight bound (TorchServe's own: batchSize + jobQueueSize): a fast 503 with Retry-After."""
+        error = full(model.max_in_flight)
+        metrics.response(metric_route, 503)
+        metrics.serving.rejected(error.reason)
+        return json_error(error)
+
     async def embedding(request: Request, route: str, metric_route: str) -> Response:
         """An embedding archive's route: one request into the batcher (handler/frontend/embedding.py)."""
         assert isinstance(model, ServedEmbedder)
@@ -105,8 +114,7 @@ def build_app(
             metrics.response(metric_route, 503)
             return json_error(model.unavailable())
         if batcher.in_flight >= model.max_in_flight:
-            metrics.response(metric_route, 503)
-            return json_error(full(model.max_in_flight))
+            return turned_away(metric_route)
         body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
         request_id = uuid.uuid4().hex
         answer = await unless_disconnected(request.receive, batcher.submit(route, body, request_id))
@@ -129,8 +137,7 @@ def build_app(
         core, bridge = model.core, model.bridge
         assert core is not None and bridge is not None
         if bridge.in_flight >= model.max_in_flight:
-            metrics.response(metric_route, 503)
-            return json_error(full(model.max_in_flight))
+            return turned_away(metric_route)
         body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
         work = Work(uuid.uuid4().hex, NativeApi())
         work.arrived_at = arrived
@@ -225,9 +232,11 @@ def build_app(
     return KeyCheck(app, key, open_paths)
 
 
-def full(max_in_flight: int) -> ServiceUnavailable:
-    return ServiceUnavailable(
-        f"the server is full ({max_in_flight} requests in flight: batchSize + jobQueueSize); retry shortly", "model"
+def full(max_in_flight: int) -> Overloaded:
+    return Overloaded(
+        f"the server is full ({max_in_flight} requests in flight: batchSize + jobQueueSize); retry shortly",
+        "in_flight",
+        "model",
     )
 
 

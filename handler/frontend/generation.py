@@ -35,9 +35,13 @@ def response_headers(content_type: str, request_id: str, length: int | None = No
     return headers
 
 
-async def send_whole(send: Send, status: int, content_type: str, request_id: str, body: str) -> None:
+async def send_whole(
+    send: Send, status: int, content_type: str, request_id: str, body: str, more: tuple[tuple[str, str], ...] = ()
+) -> None:
     data = body.encode("utf-8", errors="replace")
-    headers = response_headers(content_type, request_id, len(data))
+    headers = response_headers(content_type, request_id, len(data)) + [
+        (k.lower().encode(), v.encode()) for k, v in more
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 
@@ -77,7 +81,9 @@ class GenerationResponse:
     async def _send(self, send: Send, output: Output) -> int:
         """Carry one output; the response's status."""
         if output.whole:
-            await send_whole(send, output.status, output.content_type, self.work.request_id, output.body)
+            await send_whole(
+                send, output.status, output.content_type, self.work.request_id, output.body, output.headers
+            )
             return output.status
         if not self._started:
             headers = response_headers(output.content_type, self.work.request_id)

@@ -175,6 +175,8 @@ class ContinuousServing:
             status, phrase = tracked.machine.api.http_status(output.error)
             context.set_response_status(status, phrase, index)
         set_content_type(context, index, output.content_type)
+        for name, value in output.headers:
+            context.set_response_header(index, name, value)
         return Reply(output.body, end=output.end, plain_error=output.whole and output.failed)
 
     def _fail_all(self, context: Any, replies: list[str], error: ServingError) -> None:

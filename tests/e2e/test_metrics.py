@@ -8,7 +8,15 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from handler.core.metrics import ALL_METRICS, FILL, REPLICA_OCCUPIED, REPLICAS_READY, SERVING_METRICS, MetricKind
+from handler.core.metrics import (
+    ALL_METRICS,
+    FILL,
+    REJECTED,
+    REPLICA_OCCUPIED,
+    REPLICAS_READY,
+    SERVING_METRICS,
+    MetricKind,
+)
 
 # The bench's server: the properties `make serve` gets too (serving/local.properties: metrics_mode=prometheus,
 # model_metrics_auto_detect=true), free ports, and its own temp directory.
@@ -23,9 +31,10 @@ LAYOUTS = [(mode, 1) for mode in MODES] + [("continuous", 2)]
 
 
 def wanted_series(mode: str, replicas: int = 1) -> set[str]:
-    """Static mode has the per-request and micro-batch metrics; continuous all but the fill ratio,
-    and the replica gauges only with replicas."""
-    specs = [m for m in SERVING_METRICS if m is not FILL] if mode == "continuous" else SERVING_METRICS[:5]
+    """Static mode has the per-request and micro-batch metrics; continuous all but the fill ratio
+    and the rejections (none here: reported when a request is turned away), and the replica gauges
+    only with replicas."""
+    specs = [m for m in SERVING_METRICS if m not in (FILL, REJECTED)] if mode == "continuous" else SERVING_METRICS[:5]
     specs = [m for m in specs if replicas > 1 or m not in REPLICA_METRICS]
     return {f"{m.name}_count" if m.kind is MetricKind.HISTOGRAM else m.name for m in specs}
 

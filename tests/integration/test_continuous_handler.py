@@ -266,3 +266,39 @@ def _until(condition, timeout_s: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.001)
+
+
+def test_a_request_without_a_slot_past_max_queue_wait_gets_a_503_with_retry_after(tiny_model_dir):
+    """Issue 42, item 2, on TorchServe: both slots held by long streams (each decode made slow), a third
+    request's wait is bounded by handler.max_queue_wait_s: a plain 503 with Retry-After while the
+    holders still stream; the holders are untouched."""
+    handler = Inf2StreamingHandler()
+    context = make_context(model_yaml(tiny_model_dir, max_queue_wait_s=0.3), str(tiny_model_dir))
+    handler.initialize(context)
+    backend = handler.serving.service.backend
+    decode = backend.decode
+
+    def slow_decode(slots):
+        time.sleep(0.05)
+        return decode(slots)
+
+    backend.decode = slow_decode
+    try:
+        frontend = ContinuousFrontend(handler, context, batch_size=2 * N_SLOTS)
+        holders = [
+            frontend.submit({"prompt": f"holder {i}", "max_new_tokens": 90, "ignore_eos": True}) for i in range(2)
+        ]
+        while not all(frontend.replies[h].chunks for h in holders):
+            frontend.call()
+        waiter = frontend.submit({"prompt": "waiting for a slot", "max_new_tokens": 5, "stream": True})
+        while not frontend.replies[waiter].done:
+            frontend.call()
+        reply = frontend.replies[waiter]
+        assert (reply.status, reply.content_type) == (503, "application/json")
+        assert reply.headers.get("Retry-After") == "1"
+        assert "max_queue_wait_s" in json.loads(reply.body)["error"]["message"]
+        assert not any(frontend.replies[h].done for h in holders)  # answered while the slots were still busy
+        frontend.run()
+        assert [frontend.replies[h].lines[-1]["usage"]["completion_tokens"] for h in holders] == [90, 90]
+    finally:
+        handler.shutdown()

@@ -205,6 +205,7 @@ class StreamReply(Reply):
     broken: bool = False  # something a real client would see as a malformed response
     replies: int = 0  # replies the handler made for this request
     closed: bool = False  # the frontend closed the connection (a plain 4xx/5xx response)
+    headers: dict[str, str] = field(default_factory=dict)  # the handler's response headers (the first reply's)
 
     @property
     def body(self) -> str:
@@ -275,6 +276,9 @@ class ContinuousFrontend:
         sent_at = time.perf_counter()
         decoded = decode_frame(frame, len(req_ids)) if req_ids else []
         for request_id, status, content_type, headers, body in decoded:
+            reply = self.replies[request_id]
+            if not (reply.streamed or reply.done):
+                reply.headers = {k: v for k, v in headers.items() if k != "ts_stream_next"}
             self._respond(request_id, status, content_type, headers.get("ts_stream_next"), body, sent_at)
 
     def _respond(self, request_id: str, status: int, content_type: str, stream_next: str | None, body: str, at: float):

@@ -17,7 +17,7 @@ from handler.api.native import NativeApi
 from handler.core.engine_client import EngineClient
 from handler.core.preparation import GenerationCore, Work
 from handler.engine.step_engine import StepEngine
-from handler.errors import EngineError, InvalidRequest, ServingError
+from handler.errors import EngineError, InvalidRequest, Overloaded, ServingError
 from handler.grammar.compiler import PendingConstraint, _Start
 from handler.replicas.replica_set import Health
 from tests.unit.test_engine import ScriptedBackend, make_seq, reply
@@ -229,3 +229,34 @@ def test_a_request_released_while_its_compile_hands_it_over_is_aborted_in_the_en
     future.set_result(None)
     submitted = engine.calls.index(("submit", "c"))
     assert ("abort", "c") in engine.calls[submitted:]  # aborted once in the engine: not left to run for nobody
+
+
+class SlowBackend(ScriptedBackend):
+    """Each decode call takes a while (a busy device): a request that wants a slot waits."""
+
+    def decode(self, slots):
+        time.sleep(0.01)
+        return super().decode(slots)
+
+
+def test_a_request_without_a_slot_past_max_queue_wait_is_a_503_with_retry_after(tiny_tokenizer):
+    """Issue 42, item 2: bounded waits. The slot's holder is untouched; the waiting one is taken out
+    of the engine (it never gets the slot) and answered Overloaded, which says when to retry."""
+    backend = SlowBackend(tiny_tokenizer, n_slots=1)
+    client = EngineClient(CORE, StepEngine(backend, 10_000), 600.0, max_queue_wait_s=0.2)  # type: ignore[arg-type]
+    client.start()
+    try:
+        client.submit(work_for(tiny_tokenizer, "holding the slot", "holder", max_new_tokens=2000, ignore_eos=True))
+        client.submit(work_for(tiny_tokenizer, "waiting for it", "waiter", max_new_tokens=8))
+        got = drain(client, ["waiter"], limit_s=20)
+        failure = got["waiter"][-1].failure
+        assert isinstance(failure, Overloaded) and failure.status == 503 and failure.retry_after_s == 1
+        assert failure.reason == "queue_wait" and "max_queue_wait_s" in failure.message
+        assert client.knows("holder") and client.engine.occupied == 1  # the holder generates on
+        after = client.steps
+        while client.steps < after + 2:  # the abort is applied at the start of a step
+            client.engine.wait([], client.steps, 1.0)
+        assert client.engine.waiting == 0  # the waiter left the queue without ever getting the slot
+    finally:
+        client.release("holder")
+        client.stop()

@@ -36,6 +36,7 @@ TORCHSERVE_NAMES = {  # what the handler reported through TorchServe before the 
     "llm_step_detokenize_seconds",
     "llm_frontend_round_trip_seconds",
     "llm_cancelled_requests",
+    "llm_rejected_requests",  # issue 42: the fast 503s with Retry-After
     "llm_replicas_ready",
     "llm_replica_slots_occupied",
 }
@@ -68,7 +69,7 @@ def test_the_catalogue_holds_the_torchserve_metrics_and_the_asgi_frontends_own()
         "llm_requests_in_flight",
         "llm_engine_steps",
     }
-    assert len({spec.name for spec in ALL_METRICS}) == len(ALL_METRICS) == 19
+    assert len({spec.name for spec in ALL_METRICS}) == len(ALL_METRICS) == 20
 
 
 def test_names_say_their_kind_and_unit():

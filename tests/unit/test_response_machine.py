@@ -14,7 +14,7 @@ from handler.core.preparation import Work, choice_request
 from handler.core.response import News, Output, ResponseMachine
 from handler.engine.outbox import Update
 from handler.engine.sequence import Sequence
-from handler.errors import EngineError, InvalidRequest
+from handler.errors import EngineError, InvalidRequest, Overloaded
 from handler.request import Limits
 
 EOS = 2
@@ -185,3 +185,14 @@ def test_n_choices_whole_are_one_body_and_one_failing_fails_the_request(tiny_tok
     assert machine.feed(News([advance(tiny_tokenizer, first, " a")])) is not None
     output = machine.feed(News([failed(second)]))
     assert output is not None and output.end and not output.whole and '"error"' in output.body and machine.done
+
+
+def test_an_overloaded_request_is_a_whole_503_with_retry_after_and_is_counted(tiny_tokenizer):
+    work = prepared(tiny_tokenizer, NativeApi(), STREAM)
+    counted = Finished()
+    counted.reasons = []  # type: ignore[attr-defined]
+    counted.rejected = counted.reasons.append  # type: ignore[attr-defined]
+    output = ResponseMachine(work, counted).feed(News(failure=Overloaded("no slot within 30 s", "queue_wait")))
+    assert output is not None and output.whole and output.status == 503
+    assert output.headers == (("Retry-After", "1"),)
+    assert counted.reasons == ["queue_wait"] and counted.sequences == []  # type: ignore[attr-defined]

@@ -152,6 +152,7 @@ def continuous_mode_metrics(metrics: TokenMetrics, ctx) -> None:
     metrics.engine_steps(ctx, steps, 3, 1)
     metrics.round_trip(ctx, 0.0015)
     metrics.cancelled(ctx)
+    metrics.bind(ctx).rejected("queue_wait")
     metrics.replicas(ctx, Health(3, 2, (4, None, 1), "1 of 3 replicas restarting", None))
 
 
