@@ -110,14 +110,18 @@ def test_a_crafted_prompt_cannot_add_ndjson_lines(server):
 
 
 def test_a_crafted_model_name_stays_inside_its_sse_event(server):
-    """The OpenAI route echoes `model` in every chunk: json-encoded, its newlines cannot start an event."""
-    url = f"{server.predictions_url}/1.0/v1/completions"
+    """A body routed by its shape (no route: SageMaker's clients send any name) is served and echoes
+    `model` in every chunk: json-encoded, its newlines cannot start an event. On the named route the
+    same name is a 404 model_not_found whose JSON body holds it escaped (issue 42)."""
     body = {"model": "m" + INJECTION, "prompt": "Hello", "max_tokens": 4, "stream": True, "ignore_eos": True}
-    response = httpx.post(url, json=body, headers=server.headers, timeout=60)
+    response = httpx.post(server.predictions_url, json=body, headers=server.headers, timeout=60)
     assert response.status_code == 200, response.text
     got = events(response.text)
     assert got[-1] == DONE and DONE not in got[:-1]
     assert all(event["model"] == body["model"] for event in got[:-1])
+    named = httpx.post(f"{server.predictions_url}/1.0/v1/completions", json=body, headers=server.headers, timeout=60)
+    assert named.status_code == 404 and "\n" not in named.text.strip()
+    assert named.json()["error"]["code"] == "model_not_found"
 
 
 # -- one body rule on every served config (docs/native.md) -----------------------
