@@ -285,30 +285,17 @@ SMALL_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "da
 def test_a_hostile_schema_is_a_400_and_its_compile_leaves_the_bystander_its_pace(
     server: TorchServe, request: pytest.FixtureRequest
 ):
+    # One route per way a schema arrives (OpenAI's response_format, the native/TGI grammar): the compile
+    # behind them is one (handler/grammar/compiler.py); each hostile compile costs seconds on 2 cores.
     hostile = _schema_format(HOSTILE_SCHEMA)
     probes = [
         probe("12,000 optional properties", CHAT, base_body(CHAT, response_format=hostile), field="response_format"),
-        probe(
-            "12,000 optional properties",
-            COMPLETIONS,
-            base_body(COMPLETIONS, response_format=hostile),
-            field="response_format",
-        ),
         probe(
             "12,000 optional properties",
             NATIVE,
             base_body(NATIVE, grammar={"type": "json", "value": HOSTILE_SCHEMA}),
             field="grammar",
         ),
-        *[
-            probe(
-                "12,000 optional properties",
-                route,
-                base_body(route, grammar={"type": "json", "value": HOSTILE_SCHEMA}),
-                field="grammar",
-            )
-            for route in TGI_ROUTES[:1]
-        ],
         probe("a small schema", CHAT, base_body(CHAT, response_format=_schema_format(SMALL_SCHEMA)), "served"),
     ]
     check(server, request, probes)
