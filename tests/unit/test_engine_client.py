@@ -173,28 +173,19 @@ def test_a_hung_step_fails_what_is_in_flight_and_the_next_request_is_served(tiny
         client.stop()
 
 
-class GivingUpReplicas:
+class GivingUpReplicas(RecordingEngine):
     """A ReplicaSet as the client sees it when one replica gave up starting."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.on_health = None
         self.failed_with: list[ServingError] = []
-        self.submitted: list[str] = []
 
     def health(self) -> Health:
         return Health(3, 2, (0, None, 0), "2 of 3 replicas serving (...)", "replica 1 failed 3 starts")
 
     def fail_all(self, error: ServingError) -> None:
         self.failed_with.append(error)
-
-    def submit(self, sequence) -> None:
-        self.submitted.append(sequence.request_id)
-
-    def step_running_for(self) -> float:
-        return 0.0
-
-    def take(self, request_ids) -> dict:
-        return {}
 
 
 def test_a_replica_that_gives_up_fails_the_model_once_and_refuses_later_requests(tiny_tokenizer):
@@ -210,7 +201,7 @@ def test_a_replica_that_gives_up_fails_the_model_once_and_refuses_later_requests
     client.submit(work_for(tiny_tokenizer, "too late", "late"))
     news = client.take(["late"])["late"]
     assert news.failure is not None and "replica 1 failed 3 starts" in news.failure.message
-    assert replicas.submitted == []
+    assert replicas.calls == []  # never handed to the replicas
 
 
 def test_a_request_released_while_its_compile_hands_it_over_is_aborted_in_the_engine(tiny_tokenizer):
