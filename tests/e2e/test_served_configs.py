@@ -119,6 +119,8 @@ def test_a_crafted_model_name_stays_inside_its_sse_event(server):
     got = events(response.text)
     assert got[-1] == DONE and DONE not in got[:-1]
     assert all(event["model"] == body["model"] for event in got[:-1])
+    if not has_secure_defaults():  # TorchServe 0.11 passes no url_path: every route is routed by its body
+        return
     named = httpx.post(f"{server.predictions_url}/1.0/v1/completions", json=body, headers=server.headers, timeout=60)
     assert named.status_code == 404 and "\n" not in named.text.strip()
     assert named.json()["error"]["code"] == "model_not_found"
