@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from handler.core.preparation import GenerationCore, Work
 from handler.core.response import News
 from handler.engine.interface import Engine
+from handler.engine.outbox import Update
 from handler.engine.step_engine import StepEngine, StepRecord
 from handler.errors import EngineError, Overloaded, ServingError
 from handler.replicas.model import ReplicatedModel
@@ -45,7 +46,7 @@ class _InFlight:
     open: set[str]  # its sequences not ended yet
     held: bool  # its constraint is compiling: not in the engine yet
     failure: ServingError | None = None  # to report at the next take
-    updates: list = field(default_factory=list)  # taken from the engine, not yet from us
+    updates: list[Update] = field(default_factory=list)  # taken from the engine, not yet from us
     since: float = 0.0  # when it reached the engine (time.monotonic)
 
 
@@ -119,11 +120,9 @@ class EngineClient:
         """The request is over for its frontend (answered, failed, or its client left): abort what
         is left of it in the engine. Whether some of it was still generating (a cancellation)."""
         with self._lock:
-            entry = self._requests.pop(request_id, None)
+            entry = self._forget(request_id)
             if entry is None:
                 return False
-            for sequence_id in entry.work.sequences:
-                self._of_sequence.pop(sequence_id.request_id, None)
             still_open = [] if entry.held else list(entry.open)
         for sequence_id in still_open:
             self.engine.abort(sequence_id)
@@ -292,11 +291,13 @@ class EngineClient:
         for sequence_id in aborts:
             self.engine.abort(sequence_id)
 
-    def _forget(self, request_id: str) -> None:
+    def _forget(self, request_id: str) -> _InFlight | None:
+        """Under the lock: drop the request and its sequences' ids; the entry it had."""
         entry = self._requests.pop(request_id, None)
         if entry is not None:
             for sequence in entry.work.sequences:
                 self._of_sequence.pop(sequence.request_id, None)
+        return entry
 
     def _replica_health(self) -> None:
         """From the replica set's threads: a replica went down, came back or gave up. One that gave
