@@ -13,11 +13,16 @@ What it decides so that no frontend has to:
 - bounded waits: a request that has no first token `handler.max_queue_wait_s` after it reached
   the engine (it waits for a slot) is taken out and answered a 503 with Retry-After (`Overloaded`);
 - a replica that gave up starting fails everything in flight and every later request
-  (`failure`), and the frontend is told (`on_health`).
+  (`failure`), and the frontend is told (`on_health`);
+- a request submitted with `confirm_client` (a frontend that learns its client left only by
+  writing to it: TorchServe's) waits here, not in the engine, until a slot is free for it; then
+  its news says `ask_client`, the frontend opens its response, and it reaches the engine when the
+  frontend `confirm`s that its client is still there. A client that left costs no prefill.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -40,14 +45,28 @@ logger = logging.getLogger(__name__)
 HELD_POLL_S = 0.02
 
 
+class _Gate(enum.Enum):
+    """A `confirm_client` request's way to the engine."""
+
+    WAITING = "waiting"  # for a free slot
+    ASKED = "asked"  # a slot is free: its frontend is asked whether its client is still there
+    TOLD = "told"  # the ask went out as news; the frontend's `confirm` hands it to the engine
+
+
 @dataclass
 class _InFlight:
     work: Work
     open: set[str]  # its sequences not ended yet
-    held: bool  # its constraint is compiling: not in the engine yet
+    compiling: bool  # its constraint is compiling
+    gate: _Gate | None = None  # None: it goes to the engine as soon as it compiled
     failure: ServingError | None = None  # to report at the next take
     updates: list[Update] = field(default_factory=list)  # taken from the engine, not yet from us
-    since: float = 0.0  # when it reached the engine (time.monotonic)
+    since: float = 0.0  # when it was submitted, then when it reached the engine (time.monotonic)
+
+    @property
+    def held(self) -> bool:
+        """Not in the engine (yet)."""
+        return self.compiling or self.gate is not None
 
 
 class EngineClient:
@@ -97,24 +116,47 @@ class EngineClient:
         self.engine.stop()
 
     # -- requests ----------------------------------------------------------------------------
-    def submit(self, work: Work) -> None:
+    def submit(self, work: Work, confirm_client: bool = False) -> None:
         """Hand a prepared request over (one answered without the engine is not for here). One whose
-        constraint still compiles is held until it compiled; a failed model refuses it as news."""
+        constraint still compiles is held until it compiled; a failed model refuses it as news.
+        `confirm_client`: it waits for a free slot here and goes on only when `confirm`ed."""
         with self._lock:
             entry = self._requests[work.request_id] = _InFlight(
-                work, {s.request_id for s in work.sequences}, held=work.compiling is not None, since=time.monotonic()
+                work,
+                {s.request_id for s in work.sequences},
+                compiling=work.compiling is not None,
+                gate=_Gate.WAITING if confirm_client else None,
+                since=time.monotonic(),
             )
             for sequence in work.sequences:
                 self._of_sequence[sequence.request_id] = work.request_id
             if self.failure is not None:
                 entry.failure = EngineError(self.failure)
                 return
-        if entry.held:
+        if entry.compiling:
             assert work.compiling is not None
             work.compiling.future.add_done_callback(lambda _: self._settle(work.request_id))
             self._settle(work.request_id)  # it may have compiled already
-            return
-        self._to_engine(work)
+        elif entry.gate is not None:
+            self._ask_for_free_slots()
+        else:
+            self._to_engine(work)
+
+    def confirm(self, request_id: str) -> None:
+        """Its client is still there (its frontend was asked): on to the engine."""
+        with self._lock:
+            entry = self._requests.get(request_id)
+            if entry is None or entry.gate is not _Gate.TOLD or entry.failure is not None:
+                return
+            entry.gate = None
+        self._to_engine(entry.work)
+
+    @property
+    def confirming(self) -> bool:
+        """A request was asked about its client and not confirmed yet (the engine may hold its next
+        step for it: see `admissions_done`)."""
+        with self._lock:
+            return any(e.gate in (_Gate.ASKED, _Gate.TOLD) for e in self._requests.values())
 
     def release(self, request_id: str) -> bool:
         """The request is over for its frontend (answered, failed, or its client left): abort what
@@ -126,6 +168,8 @@ class EngineClient:
             still_open = [] if entry.held else list(entry.open)
         for sequence_id in still_open:
             self.engine.abort(sequence_id)
+        if still_open:
+            self._ask_for_free_slots()  # its slot is free at the next step: a gated request may have it
         return bool(entry.open) and entry.failure is None
 
     def admissions_done(self) -> None:
@@ -153,8 +197,10 @@ class EngineClient:
             entries = [e for e in (self._requests.get(i) for i in ids) if e is not None]
             if any(e.failure is not None or e.updates for e in entries):
                 return
-            held = any(e.held for e in entries)
-            sequence_ids = [s for e in entries for s in e.open]
+            if any(e.gate is _Gate.ASKED for e in entries):
+                return
+            held = any(e.compiling for e in entries)
+            sequence_ids = [s for e in entries if not e.held for s in e.open]
         cap = min(timeout_s, self.step_timeout_s, HELD_POLL_S if held else timeout_s)
         self.engine.wait(sequence_ids, after_step, cap)
 
@@ -165,6 +211,7 @@ class EngineClient:
         self._check_held(ids)
         self._watchdog()
         self._expire_waits()
+        self._ask_for_free_slots()
         with self._lock:
             sequence_ids = [s for i in ids if (e := self._requests.get(i)) is not None and not e.held for s in e.open]
         updates = self.engine.take(sequence_ids)
@@ -179,9 +226,14 @@ class EngineClient:
                     entry.open.discard(sequence_id)
             for request_id in ids:
                 entry = self._requests.get(request_id)
-                if entry is None or not (entry.updates or entry.failure):
+                if entry is None:
                     continue
-                news[request_id] = News(entry.updates, entry.failure)
+                ask = entry.gate is _Gate.ASKED and entry.failure is None
+                if not (entry.updates or entry.failure or ask):
+                    continue
+                if ask:
+                    entry.gate = _Gate.TOLD
+                news[request_id] = News(entry.updates, entry.failure, ask_client=ask)
                 entry.updates = []
                 if entry.failure is not None or not entry.open:
                     self._forget(request_id)
@@ -204,7 +256,10 @@ class EngineClient:
 
     @property
     def waiting(self) -> int:
-        return self.engine.waiting
+        """Sequences waiting for a slot: in the engine's queue or at the client gate."""
+        with self._lock:
+            gated = sum(len(e.open) for e in self._requests.values() if e.gate is not None)
+        return self.engine.waiting + gated
 
     def take_records(self) -> list[StepRecord]:
         return self.engine.take_records()
@@ -223,9 +278,9 @@ class EngineClient:
         """A held request's compile ended (or may have): hand it to the engine, or fail it."""
         with self._lock:
             entry = self._requests.get(request_id)
-            if entry is None or not entry.held or not self.core.settle(entry.work):
+            if entry is None or not entry.compiling or not self.core.settle(entry.work):
                 return
-            entry.held = False
+            entry.compiling = False
             work = entry.work
             if work.error is not None:
                 entry.failure = work.error
@@ -233,6 +288,12 @@ class EngineClient:
                 return
             if entry.failure is not None:  # failed while it compiled (drain, watchdog)
                 return
+            gated = entry.gate is not None
+            if gated:
+                entry.since = time.monotonic()  # its wait for a slot starts now, as in the engine
+        if gated:
+            self._ask_for_free_slots()
+            return
         self._to_engine(work)
         with self._lock:  # released meanwhile (from the frontend's thread): its abort found nothing yet
             released = self._requests.get(request_id) is not entry
@@ -243,7 +304,7 @@ class EngineClient:
     def _check_held(self, request_ids: list[str]) -> None:
         """Held requests whose compile ran past its budget get their 400 (`settle` says so)."""
         with self._lock:
-            held = [i for i in request_ids if (e := self._requests.get(i)) is not None and e.held]
+            held = [i for i in request_ids if (e := self._requests.get(i)) is not None and e.compiling]
         for request_id in held:
             self._settle(request_id)
 
@@ -269,15 +330,35 @@ class EngineClient:
         for sequence_id in aborts:
             self.engine.abort(sequence_id)
 
+    def _ask_for_free_slots(self) -> None:
+        """Gated requests, first come first asked, as far as the free slots go (those asked and not
+        confirmed yet count as taken)."""
+        with self._lock:
+            gated = [e for e in self._requests.values() if e.gate is not None and e.failure is None]
+            if not any(e.gate is _Gate.WAITING and not e.compiling for e in gated):
+                return
+            slots = self.engine.slots
+            free = self.engine.free_slots - sum(len(e.open) for e in gated if e.gate is not _Gate.WAITING)
+            for entry in gated:
+                if entry.gate is not _Gate.WAITING or entry.compiling:
+                    continue
+                needed = min(len(entry.open), slots) or 1
+                if needed > free:
+                    return  # first come, first served: no one overtakes it
+                entry.gate = _Gate.ASKED
+                free -= needed
+
     def _expire_waits(self) -> None:
-        """Requests that waited `max_queue_wait_s` for a slot without a first token get their 503."""
+        """Requests that waited `max_queue_wait_s` for a slot without a first token get their 503
+        (a gated one only while its response is not open: asked, it gets a slot at once)."""
         limit = self.max_queue_wait_s
         if limit is None:
             return
         now, aborts = time.monotonic(), []
         with self._lock:
             for entry in self._requests.values():
-                if entry.held or entry.failure is not None or now - entry.since <= limit:
+                waiting = entry.gate is _Gate.WAITING or not entry.held
+                if not waiting or entry.compiling or entry.failure is not None or now - entry.since <= limit:
                     continue
                 if any(s.first_token_at is not None for s in entry.work.sequences):
                     continue
@@ -286,7 +367,8 @@ class EngineClient:
                     "shortly",
                     "queue_wait",
                 )
-                aborts += entry.open
+                if not entry.held:
+                    aborts += entry.open
                 entry.open = set()
         for sequence_id in aborts:
             self.engine.abort(sequence_id)

@@ -10,7 +10,8 @@ carry outputs: TorchServe's adapter as replies to its worker calls, the ASGI fro
 
 The rules both frontends answer by:
 - nothing goes out until there is something to say, so a request that fails before its first
-  text gets its own 4xx/5xx; after the head, a failure is the route's in-band error line;
+  text gets its own 4xx/5xx; after the head, a failure is the route's in-band error line (the one
+  exception: `open`, for a frontend that must write to learn whether its client left);
 - a non-streamed request is one body, when it is whole;
 - several outputs (OpenAI `n`): each choice's chunks and its own last chunk as it ends, the
   response ends when every choice has; one choice failing fails the request (the frontend
@@ -68,6 +69,7 @@ class News:
 
     updates: list[Update] = field(default_factory=list)
     failure: ServingError | None = None  # ended from outside (watchdog, drain, replicas, refused constraint)
+    ask_client: bool = False  # a slot is free for it: open the response to learn whether its client is there
 
 
 class ResponseMachine:
@@ -104,11 +106,20 @@ class ResponseMachine:
             return None
         if news.failure is not None:
             return self._failed_with(news.failure, self._texts(news.updates))
+        if news.ask_client:
+            return self.open()
         if not news.updates:
             return None
         if len(self.work.sequences) > 1:
             return self._choices(news.updates)
         return self._single(news.updates)
+
+    def open(self) -> Output:
+        """Open the response before there is anything to say: its 200 status line and headers, no
+        body. A frontend that notices a client left only when it writes to it does this before the
+        request takes a slot; from then on a non-streamed body comes as the last part, and a failure
+        as the route's error body under the 200 already sent."""
+        return self._emit(Output("", self.content_type, end=False))
 
     def fail(self, error: ServingError, prefix: str = "") -> Output:
         """End the response with `error`: a whole error response when nothing went out (and no
@@ -126,7 +137,7 @@ class ResponseMachine:
             if not ended:
                 return None  # one body, when it is whole
             self._finished(sequence)
-            return self._emit(Output(self.api.final(sequence), self.content_type, end=True, whole=True))
+            return self._emit(Output(self.api.final(sequence), self.content_type, end=True, whole=not self.opened))
         body = self.api.chunk(sequence, text) if text else ""
         if ended:
             self._finished(sequence)
@@ -154,7 +165,7 @@ class ResponseMachine:
             for sequence in self.work.sequences:
                 self._finished(sequence)
             body += self.api.close(self.work.sequences)
-            return self._emit(Output(body, self.content_type, end=True, whole=not stream))
+            return self._emit(Output(body, self.content_type, end=True, whole=not (stream or self.opened)))
         if not (stream and body):
             return None
         return self._emit(Output(body, self.content_type, end=False))
@@ -168,7 +179,8 @@ class ResponseMachine:
     def _failed_with(self, error: ServingError, prefix: str) -> Output:
         if self.opened or prefix:
             logger.info("request %s failed mid-stream: %s", self.work.request_id, error.message)
-            return self._emit(Output(prefix + self.api.error(error, midstream=True), self.content_type, end=True))
+            body = self.api.error(error, midstream=self.streamed)  # a non-streamed body: its error body
+            return self._emit(Output(prefix + body, self.content_type, end=True))
         logger.info("request %s failed: %s %s", self.work.request_id, error.status, error.message)
         status, _ = self.api.http_status(error)
         body = self.api.error(error, midstream=False)

@@ -18,6 +18,16 @@ class Engine(Protocol):
     on_idle: Callable[[], None] | None  # called from the stepping thread when a step left it idle
 
     @property
+    def slots(self) -> int:
+        """Sequences it can generate at once now (a replica that is down holds none)."""
+        ...
+
+    @property
+    def free_slots(self) -> int:
+        """Slots a newcomer would find at the next step (what the waiting sequences take is not free)."""
+        ...
+
+    @property
     def occupied(self) -> int: ...
 
     @property

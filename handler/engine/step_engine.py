@@ -162,6 +162,16 @@ class StepEngine:
         return 0.0 if started is None else self._clock() - started
 
     @property
+    def slots(self) -> int:
+        return self.scheduler.n_slots
+
+    @property
+    def free_slots(self) -> int:
+        """Counts the slots of aborted sequences as free: the next step frees them first."""
+        aborted = sum(self.scheduler.knows(r) for r in list(self._aborts))
+        return max(0, self.scheduler.n_slots - self.scheduler.occupied - self.scheduler.waiting + aborted)
+
+    @property
     def occupied(self) -> int:
         return self.scheduler.occupied
 

@@ -213,6 +213,17 @@ class ReplicaSet:
         return 0.0
 
     @property
+    def slots(self) -> int:
+        per_replica = 0 if self.facts is None else self.facts.n_slots
+        return per_replica * sum(r.state is _State.READY for r in self._replicas)
+
+    @property
+    def free_slots(self) -> int:
+        per_replica = 0 if self.facts is None else self.facts.n_slots
+        ready = [r for r in self._replicas if r.state is _State.READY]
+        return sum(max(0, per_replica - r.occupied - r.waiting) for r in ready)
+
+    @property
     def occupied(self) -> int:
         return sum(r.occupied for r in self._replicas if r.state is _State.READY)
 

@@ -8,6 +8,13 @@ flight while its stopping criterion says "not yet". So one call here:
 1. requests we know that are missing from the call are gone (the client closed): released;
    new ones are prepared and handed to the engine client (handler/core/engine_client.py), or
    answered at once (a 4xx, a model listing);
+   the frontend notices a closed client only when it writes to it (RestJob.isOpen, checked after
+   a reply with ts_stream_next "true"), so an HTTP request waits in the engine client until a slot
+   is free, then its response opens (200, its headers, no body) and it goes to the engine only if
+   the next call still carries it; from then on every call gives it a reply, empty when there is
+   nothing to say, so a client that leaves is noticed within a step. The price: a failure after
+   that point is the route's error body under the 200 (as in a stream), also for a non-streamed
+   request;
 2. wait until some request of the call has news, or the engine finished a step (so new
    arrivals join within a step); the engine keeps stepping meanwhile;
 3. each request's news goes through its `ResponseMachine` (handler/core/response.py), which
@@ -108,11 +115,13 @@ class ContinuousServing:
             self._cancel(request_id)
         if self.drain.expired:
             self.client.fail_all(drain.cut())
+        self._confirm_clients(ids)
         step_before = self.client.steps
         for index, request_id in ids.items():
             if request_id not in self.jobs:
                 self._admit(index, request_id, data[index], context)
-        self.client.admissions_done()  # a step held for this call's arrivals may start
+        if not self.client.confirming:  # else the step held for arrivals waits for the confirmation
+            self.client.admissions_done()  # a step held for this call's arrivals may start
         live = [r for r in ids.values() if r in self.jobs.tracked]
         if not self.overlap:
             assert self.client.inline is not None
@@ -128,10 +137,13 @@ class ContinuousServing:
             tracked = self.jobs.tracked[request_id]
             output, tracked.due = tracked.due, None
             if output is None and request_id in news:
+                tracked.asked = tracked.asked or news[request_id].ask_client
                 output = tracked.machine.feed(news[request_id])
                 if tracked.machine.done:  # n > 1: a choice that failed ends its siblings too
                     self.client.release(request_id)
             reply = merge(tracked, self._reply(tracked, output, index, context))
+            if reply is None and tracked.machine.opened and not tracked.machine.done:
+                reply = Reply("", end=False)  # the frontend looks at its client's socket after each reply
             if reply is not None:
                 planned[index] = reply
         self.jobs.send(context, ids, planned, replies)
@@ -151,7 +163,16 @@ class ContinuousServing:
         tracked = self.jobs.tracked[request_id] = Tracked(ResponseMachine(work, self.metrics.serving), work.grpc)
         tracked.due = tracked.machine.immediate()
         if tracked.due is None:
-            self.client.submit(work)
+            self.client.submit(work, confirm_client=not work.grpc)  # gRPC: one reply, no socket to look at
+
+    def _confirm_clients(self, ids: dict[int, str]) -> None:
+        """Requests whose opened response went out and that this call still carries: their clients
+        are there, on to the engine. (One whose reply a 0.11 errors-only call held back waits.)"""
+        for request_id in ids.values():
+            tracked = self.jobs.tracked.get(request_id)
+            if tracked is not None and tracked.asked and tracked.stash is None:
+                tracked.asked = False
+                self.client.confirm(request_id)
 
     def _cancel(self, request_id: str) -> None:
         if self.jobs.answered.end(request_id):

@@ -9,8 +9,14 @@ a handler must work around (read from `GRPCJob` and `ContinuousBatching` at both
   after its first reply: a streamed answer would be cut after its first chunk, with status OK.
 So a gRPC request is generated whole (as if `stream` were false) and answered in ONE reply that
 carries `ts_stream_next: false`: unary Predictions gets the whole result, StreamPredictions gets it
-as one message and its end. Per-request errors arrive as the route's JSON error body with gRPC
-status OK: `GRPCJob.response` drops the status code (docs/operations.md).
+as one message and its end.
+
+A refused request (a 4xx/5xx) arrives as the route's JSON error body with gRPC status OK, and the
+handler cannot do better: `GRPCJob.response` ignores a reply's status code. The frontend gives a
+gRPC job an error status (`GRPCJob.sendError`, 400 -> INVALID_ARGUMENT ...) only for a worker
+message whose whole-batch code is not 200 (an exception out of `handle()`), and then fails every
+job of the batch; in continuous batching that is every request in flight on the worker. So no
+reply here asks for it (the source, with lines: docs/operations.md#grpc).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ class Tracked:
     opened: bool = False  # a reply with ts_stream_next went out: status and headers are on the wire
     closing: bool = False  # 0.11: the whole answer went out; the next call ends the stream
     stash: Reply | None = None  # 0.11: a reply held back while a call carried only error responses
+    asked: bool = False  # its response opened to learn whether its client is there; confirmed next call
 
 
 @dataclass

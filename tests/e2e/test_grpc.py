@@ -1,7 +1,12 @@
 """TorchServe's gRPC inference API (always on in 0.11 and 0.12) against the real server, with a
 client compiled from the installed jar's own proto (tests/support/grpc_client.py). Every gRPC call gets the
 whole answer, in one message (handler/serving/grpc_jobs.py), never a cut one with status OK; no call
-ends the worker, and an HTTP stream beside them is served whole."""
+ends the worker, and an HTTP stream beside them is served whole.
+
+A request the handler refuses comes back with gRPC status OK and the route's JSON error inside:
+TorchServe's `GRPCJob.response` drops the reply's status code, and the only way to a gRPC error
+status (a whole-batch error) would fail every request in flight (docs/operations.md#grpc). Only the
+frontend's own refusals (a wrong key, an unknown model) have a non-OK status."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import grpc
 import httpx
 import pytest
 
+from scripts.serve.torchserve_compat import has_secure_defaults
 from tests.support.grpc_client import inference_modules
 from tests.support.torchserve_process import TorchServe
 
@@ -64,24 +70,81 @@ def test_stream_predictions_end_with_the_whole_answer(served, stub):
     assert answer["usage"]["completion_tokens"] == 40 and answer == http_answer(served, PROMPT)
 
 
-def test_a_bad_grpc_request_ends_cleanly_and_nothing_else_is_hurt(served, stub):
+BAD_REQUESTS = {
+    "max_new_tokens": ({**PROMPT, "max_new_tokens": -1}, "max_new_tokens"),
+    "prompt": ({"prompt": ""}, "prompt"),
+}
+
+
+def stream_answer(client: Any, pb2: Any, served: TorchServe, body: dict[str, Any]) -> tuple[grpc.StatusCode, list[Any]]:
+    """(the call's gRPC status, its messages) of a StreamPredictions call (a non-OK status raises)."""
+    call = client.StreamPredictions(request(pb2, served, body), metadata=metadata(served), timeout=60)
+    messages = list(call)
+    return call.code(), messages
+
+
+def refusal(client: Any, method: str, message: Any, metadata: list[tuple[str, str]]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as refused:
+        if method == "Predictions":
+            client.Predictions(message, metadata=metadata, timeout=30)
+        else:
+            list(client.StreamPredictions(message, metadata=metadata, timeout=30))
+    return refused.value
+
+
+@pytest.mark.parametrize("bad", BAD_REQUESTS.values(), ids=BAD_REQUESTS.keys())
+def test_a_refused_grpc_request_is_status_ok_with_the_error_inside_and_its_neighbours_are_served(served, stub, bad):
+    """What a gRPC client gets for a 400, on both methods, while a good gRPC call and an HTTP stream
+    run in the same continuous batch: status OK, one message, the route's error JSON; the good ones whole."""
+    body, param = bad
     pb2, client = stub
     pids = served.worker_pids()
+    streaming = threading.Event()
     bystander: dict[str, Any] = {}
 
     def stream_beside() -> None:
-        body = {**PROMPT, "max_new_tokens": 200}
-        with httpx.stream("POST", served.predictions_url, json=body, headers=served.headers, timeout=60) as r:
-            bystander["lines"] = [json.loads(line) for line in r.iter_lines() if line]
+        long = {**PROMPT, "max_new_tokens": 200}
+        try:
+            with httpx.stream("POST", served.predictions_url, json=long, headers=served.headers, timeout=60) as r:
+                lines = []
+                for line in r.iter_lines():
+                    if line:
+                        lines.append(json.loads(line))
+                        streaming.set()
+                bystander["lines"] = lines
+        finally:
+            streaming.set()
 
     thread = threading.Thread(target=stream_beside)
     thread.start()
-    for call in (client.Predictions, client.StreamPredictions):
-        replies = call(request(pb2, served, {"prompt": ""}), metadata=metadata(served), timeout=30)
-        replies = [replies] if call is client.Predictions else list(replies)
-        assert len(replies) == 1
-        error = json.loads(replies[0].prediction)["error"]  # the route's error body (gRPC status stays OK)
-        assert error["param"] == "prompt"
+    assert streaming.wait(timeout=60)  # the HTTP stream is in flight: it shares the bad calls' batches
+    good = client.Predictions.future(request(pb2, served, PROMPT), metadata=metadata(served), timeout=60)
+
+    reply, call = client.Predictions.with_call(request(pb2, served, body), metadata=metadata(served), timeout=30)
+    assert call.code() == grpc.StatusCode.OK  # not INVALID_ARGUMENT: GRPCJob.response drops the 400
+    assert json.loads(reply.prediction)["error"]["param"] == param
+    code, messages = stream_answer(client, pb2, served, {**body, "stream": True})
+    assert code == grpc.StatusCode.OK and len(messages) == 1
+    assert json.loads(messages[0].prediction)["error"]["param"] == param
+
+    assert json.loads(good.result().prediction)["usage"]["completion_tokens"] == 40
+    assert good.code() == grpc.StatusCode.OK
     thread.join(timeout=60)
     assert bystander["lines"][-1]["usage"]["completion_tokens"] == 200
     assert served.worker_pids() == pids
+
+
+def test_only_the_frontends_own_refusals_have_a_grpc_status(served, stub):
+    """Refused before any worker sees them, with a status from TorchServe's gRPC service: an unknown
+    model is INTERNAL (InferenceImpl, not NOT_FOUND), a wrong key PERMISSION_DENIED (GRPCInterceptor, 0.12)."""
+    pb2, client = stub
+    unknown = pb2.PredictionsRequest(model_name="no-such-model", input={"data": json.dumps(PROMPT).encode()})
+    for method in ("Predictions", "StreamPredictions"):
+        refused = refusal(client, method, unknown, metadata(served))
+        assert refused.code() == grpc.StatusCode.INTERNAL and "no-such-model" in refused.details()
+        if has_secure_defaults():  # TorchServe 0.11 has no token authorization
+            wrong_key = [("authorization", "Bearer wrong")]
+            assert (
+                refusal(client, method, request(pb2, served, PROMPT), wrong_key).code()
+                == grpc.StatusCode.PERMISSION_DENIED
+            )

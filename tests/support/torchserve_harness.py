@@ -10,6 +10,7 @@ generating (`generation_ends`) from text sent all at once at the end.
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 import threading
@@ -204,12 +205,15 @@ class StreamReply(Reply):
     streamed: bool = False  # a chunked response (ts_stream_next "true" at least once)
     broken: bool = False  # something a real client would see as a malformed response
     replies: int = 0  # replies the handler made for this request
-    closed: bool = False  # the frontend closed the connection (a plain 4xx/5xx response)
+    closed: bool = False  # the connection is closed (the client left, or a plain 4xx/5xx response)
     headers: dict[str, str] = field(default_factory=dict)  # the handler's response headers (the first reply's)
 
     @property
     def body(self) -> str:
         return "".join(self.chunks)
+
+
+_REQUEST_NUMBERS = itertools.count()
 
 
 class ContinuousFrontend:
@@ -232,19 +236,18 @@ class ContinuousFrontend:
         self.cached: set[str] = set()
         self.replies: dict[str, StreamReply] = {}
         self.calls = 0
-        self._next_id = 0
 
     def submit(self, body: Any, headers: dict | None = None) -> str:
-        request_id = f"req-{self._next_id}"
-        self._next_id += 1
+        request_id = f"req-{next(_REQUEST_NUMBERS)}"  # unique per process, as TorchServe's UUIDs are
         self.queue.append((request_id, body, dict(headers or {})))
         self.replies[request_id] = StreamReply()
         return request_id
 
     def cancel(self, request_id: str) -> None:
-        """The client closed: the frontend drops the job before the next call."""
-        self.in_flight.pop(request_id, None)
-        self.queue = [q for q in self.queue if q[0] != request_id]
+        """The client closed its connection. As in ContinuousBatching.sendResponse, the frontend
+        notices only after a reply with ts_stream_next "true" (`RestJob.isOpen`) and then drops
+        the job; a job still queued is handed to the worker all the same."""
+        self.replies[request_id].closed = True
 
     @property
     def busy(self) -> bool:
@@ -284,8 +287,8 @@ class ContinuousFrontend:
     def _respond(self, request_id: str, status: int, content_type: str, stream_next: str | None, body: str, at: float):
         reply = self.replies[request_id]
         reply.replies += 1
-        if reply.closed:  # written to a closed connection: nobody sees it; "false" ends the job
-            if stream_next == "false" or (stream_next is None and self.version >= (0, 12)):
+        if reply.closed:  # written to a closed connection: nobody sees it, and the job ends
+            if stream_next is not None or self.version >= (0, 12):  # "true": isOpen() is false
                 self.in_flight.pop(request_id, None)
             return
         if reply.done:

@@ -251,3 +251,57 @@ def test_a_request_without_a_slot_past_max_queue_wait_is_a_503_with_retry_after(
     finally:
         client.release("holder")
         client.stop()
+
+
+# -- confirm_client: TorchServe's requests wait for a slot here, and go on when their client is there
+class SlottedEngine(RecordingEngine):
+    """A recording engine with `slots` slots, `busy` of them taken."""
+
+    def __init__(self, slots: int, busy: int) -> None:
+        super().__init__()
+        self.slots, self.busy = slots, busy
+        self.occupied = self.waiting = 0
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - self.busy
+
+
+def test_a_gated_request_is_asked_when_a_slot_is_free_and_reaches_the_engine_when_confirmed(tiny_tokenizer):
+    engine = SlottedEngine(slots=2, busy=2)
+    client = EngineClient(CORE, engine, 600.0)  # type: ignore[arg-type]
+    client.submit(work_for(tiny_tokenizer, "first", "a"), confirm_client=True)
+    client.submit(work_for(tiny_tokenizer, "second", "b"), confirm_client=True)
+    assert client.take(["a", "b"]) == {} and engine.calls == [] and client.waiting == 2
+    engine.busy = 1  # one slot frees: the first come is asked, not the second
+    news = client.take(["a", "b"])
+    assert list(news) == ["a"] and news["a"].ask_client and news["a"].updates == []
+    assert client.take(["a", "b"]) == {}  # asked once; the asked one's slot counts as taken
+    client.confirm("a")
+    assert engine.calls == [("submit", "a"), ("admissions_done",)]
+    assert client.waiting == 1
+
+
+def test_a_gated_request_released_before_its_confirmation_never_reaches_the_engine(tiny_tokenizer):
+    engine = SlottedEngine(slots=1, busy=0)
+    client = EngineClient(CORE, engine, 600.0)  # type: ignore[arg-type]
+    client.submit(work_for(tiny_tokenizer, "gone", "g"), confirm_client=True)
+    client.submit(work_for(tiny_tokenizer, "next", "n"), confirm_client=True)
+    assert list(client.take(["g", "n"])) == ["g"]  # free at once: asked at once
+    assert client.release("g") is True and engine.calls == []  # its client left: no abort needed
+    assert client.confirming is False
+    assert list(client.take(["n"])) == ["n"]  # its place goes to the next one
+    client.confirm("n")
+    assert engine.calls == [("submit", "n"), ("admissions_done",)]
+
+
+def test_a_gated_request_gets_its_503_while_it_waits_not_once_asked(tiny_tokenizer):
+    engine = SlottedEngine(slots=1, busy=1)
+    client = EngineClient(CORE, engine, 600.0, max_queue_wait_s=0.0)  # type: ignore[arg-type]
+    client.submit(work_for(tiny_tokenizer, "waits", "w"), confirm_client=True)
+    news = client.take(["w"])["w"]
+    assert isinstance(news.failure, Overloaded) and not news.ask_client and engine.calls == []
+    engine.busy = 0
+    client.submit(work_for(tiny_tokenizer, "asked", "a"), confirm_client=True)
+    assert client.take(["a"])["a"].ask_client
+    assert client.take(["a"]) == {}  # its response is open: no 503 under it, it gets its slot
