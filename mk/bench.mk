@@ -33,6 +33,11 @@
 #                            (goal >= 1.0); bench_results/bench-frontends.json (8-9 min on 2 shared cores; not in make bench)
 # make bench-frontends FRONTEND_BENCH_ARGS="--frontends asgi --no-static"   one frontend only
 # make bench-frontends FRONTEND_BENCH_ARGS="--asgi-env OMP_NUM_THREADS=1"   the ASGI frontend with one torch thread
+# make bench-hostile         the default model on CPU (MODEL_DIR, MODEL_CONFIG) on TorchServe, then the ASGI frontend
+#                            (issue 42): the TTFT of a normal request after 200 abandoned ones / alone, and a 64-token
+#                            chat stream's time and largest gap beside 4 clients sending distinct 0.9 MB schemas / alone;
+#                            bench_results/bench-hostile.json (a few minutes; not in make bench)
+# make bench-hostile HOSTILE_ARGS="--frontend asgi --only schema --schema-bytes 2000000"   one frontend, one measurement
 BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
 BENCH_LONG ?=
@@ -41,10 +46,11 @@ ISOLATION_ARGS ?=
 MEMORY_ARGS ?=
 EMBED_BENCH_ARGS ?=
 FRONTEND_BENCH_ARGS ?=
+HOSTILE_ARGS ?=
 # make bench ends with bench-embed (P13); 0 leaves it out.
 BENCH_EMBED ?= 1
 
-.PHONY: bench bench-isolation bench-memory bench-embed bench-frontends
+.PHONY: bench bench-isolation bench-memory bench-embed bench-frontends bench-hostile
 
 bench: venv model
 	$(PY) -m scripts.bench.suite --backend $(BACKEND) --profile $(BENCH_PROFILE) \
@@ -62,3 +68,7 @@ bench-embed: venv model
 
 bench-frontends: venv model
 	$(PY) -m scripts.bench.frontends --model-dir $(TINY_MODEL_DIR) --workdir $(BUILD)/bench-frontends $(FRONTEND_BENCH_ARGS)
+
+bench-hostile: venv model
+	$(PY) -m scripts.bench.hostile --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) \
+		--workdir $(BUILD)/bench-hostile --out bench_results/bench-hostile.json $(HOSTILE_ARGS)
