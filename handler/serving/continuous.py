@@ -56,6 +56,9 @@ WAIT_CAP_S = 1.0  # longest a call waits for news; the engine answers each step 
 # The frontend calls again at once while it holds a job of ours; this long without a call means it
 # holds none, whatever is left in `_tracked` (a client that went away unnoticed).
 IDLE_GAP_S = 2 * WAIT_CAP_S
+# After this long without a call, what we still track is gone for sure (its clients left with nothing
+# else in flight, so no call came to say so): forgotten, so its slots and gauges are free.
+ORPHANED_AFTER_S = 10 * WAIT_CAP_S
 
 
 class ContinuousServing:
@@ -79,20 +82,25 @@ class ContinuousServing:
             self.client.start()
         self.drain = drain.DrainWatcher.from_env(self.busy)
         self.drain.start()
+        self._call_lock = threading.Lock()  # a call, or forgetting orphans between calls
+        self._stopping = threading.Event()
+        self._orphan_sweeper = threading.Thread(target=self._sweep_orphans, name="orphan-sweeper", daemon=True)
+        self._orphan_sweeper.start()
 
     def handle(self, data: list[Any], context: Any) -> list[str]:
         if self._failed is not None and not self.jobs.tracked:
             return self._failed.handle(data, context)
         replies = [""] * len(data)
-        self._in_call = True
-        try:
-            self._handle(data, context, replies)
-        except Exception as exc:  # a bug; answer everyone in this call with a 500 instead of a 503 for all
-            logger.exception("continuous handle() failed")
-            self._fail_all(context, replies, EngineError(f"internal error: {exc}"))
-        finally:
-            self._left_call_at = time.perf_counter()
-            self._in_call = False
+        with self._call_lock:
+            self._in_call = True
+            try:
+                self._handle(data, context, replies)
+            except Exception as exc:  # a bug; answer everyone in this call with a 500 instead of a 503 for all
+                logger.exception("continuous handle() failed")
+                self._fail_all(context, replies, EngineError(f"internal error: {exc}"))
+            finally:
+                self._left_call_at = time.perf_counter()
+                self._in_call = False
         return replies
 
     def busy(self) -> bool:
@@ -149,6 +157,22 @@ class ContinuousServing:
         self.jobs.send(context, ids, planned, replies)
         self._report_engine()
         self._returned_at = time.perf_counter()
+
+    def _sweep_orphans(self) -> None:
+        """The frontend calls again at once while it holds a job of ours; with none, no call comes to
+        say the last ones' clients left. So what is tracked after `ORPHANED_AFTER_S` without a call
+        is released (a non-streamed request nobody waits for would otherwise run to its end)."""
+        while not self._stopping.wait(WAIT_CAP_S):
+            with self._call_lock:
+                if not self.jobs or time.perf_counter() - self._left_call_at < ORPHANED_AFTER_S:
+                    continue
+                orphans = [*self.jobs.tracked, *self.jobs.answered]
+                for request_id in orphans:
+                    self._cancel(request_id)
+                logger.info(
+                    "%d request(s) forgotten: no call for %.0f s, their clients left", len(orphans), ORPHANED_AFTER_S
+                )
+                self._report_engine()
 
     def _wait_cap(self) -> float:
         """How long a call may wait for news: wake at the drain deadline to end what is left."""
@@ -244,6 +268,7 @@ class ContinuousServing:
                 self._failed = FailedServing.start(ReplicaStartError(health.failed), self._context)
 
     def shutdown(self) -> None:
+        self._stopping.set()
         self.drain.stop()
         self.client.stop()
         if self._failed is not None:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+import handler.serving.continuous as continuous
 import handler.serving.jobs as jobs
 from handler.failpoints import ENV_VAR as FAILPOINT_ENV
 from handler.inf2_handler import Inf2StreamingHandler
@@ -349,3 +350,31 @@ def test_a_request_without_a_slot_past_max_queue_wait_gets_a_503_with_retry_afte
         assert [frontend.replies[h].lines[-1]["usage"]["completion_tokens"] for h in holders] == [90, 90]
     finally:
         handler.shutdown()
+
+
+def test_a_request_whose_client_left_with_nothing_else_in_flight_is_forgotten(served, monkeypatch):
+    """The frontend makes no call while it holds no job: the handler forgets what it still tracks
+    after ORPHANED_AFTER_S without one, so the slot and the gauges come free."""
+    handler, context = served
+    monkeypatch.setattr(continuous, "ORPHANED_AFTER_S", 0.5)
+    backend = handler.serving.service.backend
+    decode = backend.decode
+
+    def slow_decode(slots):  # 100 tokens take 5 s: the sweep, not the request's end, frees the slot
+        time.sleep(0.05)
+        return decode(slots)
+
+    monkeypatch.setattr(backend, "decode", slow_decode)
+    frontend = ContinuousFrontend(handler, context, batch_size=2 * N_SLOTS)
+    engine = handler.serving.engine
+    left = frontend.submit({"prompt": "nobody reads", "max_new_tokens": 100, "stream": False, "ignore_eos": True})
+    while engine.occupied == 0:
+        frontend.call()
+    frontend.cancel(left)
+    frontend.run()  # its next reply tells the frontend; then it has no job, and calls no more
+    deadline = time.monotonic() + 4  # before it could have ended by itself
+    while handler.serving.jobs:
+        assert time.monotonic() < deadline, "the orphan is still tracked"
+        time.sleep(0.05)
+    assert engine.free_slots == engine.slots  # aborted: its slot is free at the next step
+    assert handler.serving.client.waiting == 0 and frontend.replies[left].chunks == []
