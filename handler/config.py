@@ -8,6 +8,7 @@ so a typo fails `initialize` loudly instead of being silently ignored.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -126,6 +127,48 @@ class GrammarConfig(_Section):
         description="llguidance's max_grammar_size: the most grammar symbols a constraint may compile to "
         "(its matcher cannot hold more than 65,525)",
     )
+    max_constraint_bytes: int = Field(
+        default=512 * 1024,
+        ge=1024,
+        le=64 * 2**20,
+        description="the largest constraint a request may bring, in UTF-8 bytes of its JSON Schema or grammar as "
+        "the request gives it (response_format's schema, TGI's and the native grammar, the tools' parameters "
+        "together when tool_choice forces a call), descriptions included: larger is a 400 naming the field on "
+        "receipt, before any compile. 512 KiB holds a strict schema at OpenAI's documented limits (5,000 "
+        "properties, 120,000 characters of names and enum values: about 360 KB) with room for descriptions",
+    )
+
+
+ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class LoraConfig(_Section):
+    """`handler.lora`: LoRA adapters on the base model, chosen per request (docs/lora.md)."""
+
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="adapter name -> a local folder in PEFT's format (adapter_config.json + "
+        "adapter_model.safetensors); a relative path is inside the model archive. A request names one by its "
+        "OpenAI `model`, the native `adapter` or TGI's `parameters.adapter_id`",
+    )
+    max_loras: int = Field(
+        default=4, ge=1, le=64, description="distinct adapters in one step; a request for another waits for a place"
+    )
+    max_lora_rank: int = Field(default=16, ge=1, le=256, description="the highest adapter rank (r) accepted")
+    runtime_updates: bool = Field(
+        default=False,
+        description="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's API), behind the key",
+    )
+
+    @field_validator("adapters")
+    @classmethod
+    def _check_names(cls, adapters: dict[str, str]) -> dict[str, str]:
+        for name in adapters:
+            if not re.match(ADAPTER_NAME, name):
+                raise ValueError(
+                    f"adapter name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (it is echoed in responses)"
+                )
+        return adapters
 
 
 class MicroBatchingConfig(_Section):
@@ -241,6 +284,7 @@ class HandlerConfig(_Section):
         'TorchServe 0.11) with an {"inputs", "parameters"} body is answered: native NDJSON/JSON, or TGI\'s '
         "wire format (non-streamed as a list, like the SageMaker Hugging Face LLM containers)",
     )
+    lora: LoraConfig | None = None
     sim: SimConfig | None = None
     neuronx: NeuronxConfig = NeuronxConfig()  # read by backend neuronx (and auto on an inf2 host)
     nxdi: NxdiConfig = NxdiConfig()  # read by backend nxdi (and auto on an inf2 host with NxD Inference)
@@ -264,6 +308,14 @@ class HandlerConfig(_Section):
         path = Path(self.model_checkpoint_dir)
         return path if path.is_absolute() else Path(model_dir) / path
 
+    def adapter_paths(self, model_dir: str | Path) -> dict[str, Path]:
+        """Each configured LoRA adapter's absolute folder (a relative one is inside the archive)."""
+        adapters = self.lora.adapters if self.lora is not None else {}
+        return {
+            name: Path(model_dir) / path if not Path(path).is_absolute() else Path(path)
+            for name, path in adapters.items()
+        }
+
 
 class ServingConfig(BaseModel):
     """Everything the handler reads from model-config.yaml."""
@@ -275,6 +327,11 @@ class ServingConfig(BaseModel):
     scheduler: SchedulerConfig = SchedulerConfig()
     batch_size: int
     job_queue_size: int | None = None  # TorchServe's jobQueueSize; None: the frontend's job_queue_size (100)
+
+    @property
+    def max_adapters(self) -> int | None:
+        """Distinct LoRA adapters one step may run (None: no adapters configured, no limit needed)."""
+        return None if self.handler.lora is None else self.handler.lora.max_loras
 
     @property
     def grammar_cache_bytes(self) -> int:
@@ -309,6 +366,16 @@ class ServingConfig(BaseModel):
                 f"model-config.yaml: micro_batching.micro_batch_size ({micro.micro_batch_size}) is above "
                 f"scheduler.n_slots ({scheduler.n_slots}); set micro_batch_size <= n_slots"
             )
+        if scheduler.mode == "static" and handler.lora is not None:
+            raise ConfigError(
+                "model-config.yaml: handler.lora needs scheduler.mode continuous (each step's rows name their "
+                "adapters); static mode serves the base model only"
+            )
+        if handler.backend == "neuronx" and handler.lora is not None:
+            raise ConfigError(
+                "model-config.yaml: handler.lora: backend neuronx (transformers-neuronx) serves no LoRA adapters; "
+                "use backend nxdi (NxD Inference's multi-LoRA serving) or hf"
+            )
         if scheduler.mode == "static" and micro.micro_batch_size > batch_size:
             raise ConfigError(
                 f"model-config.yaml: micro_batching.micro_batch_size ({micro.micro_batch_size}) is above batchSize "
@@ -338,6 +405,11 @@ class ServingConfig(BaseModel):
                     "archive batches with batchSize, maxBatchDelay and handler.embed.encode_batch_size)"
                 )
         _check_embed_backend(handler)
+        if handler.lora is not None:
+            raise ConfigError(
+                "model-config.yaml: handler.lora: an embedding archive serves no LoRA adapters (they adapt a "
+                "generating model); remove handler.lora"
+            )
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"model-config.yaml: batchSize must be a positive integer, got {batch_size!r}")
         scheduler = SchedulerConfig(mode="static")

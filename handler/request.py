@@ -74,6 +74,8 @@ class GenerationRequest:
     # Independent outputs for the one prompt (OpenAI `n`), each its own slot; output i samples
     # with seed + i when the request has a seed.
     n: int = 1
+    # The LoRA adapter (by its configured name) the request runs with; None: the base model.
+    adapter: str | None = None
 
 
 class SlotRequestError(ValueError):
@@ -100,6 +102,7 @@ class SlotRequest:
     prompt_logprobs: bool = False  # prefill also returns each prompt token's logprob (TokenChoice.prompt)
     stop_token_ids: tuple[int, ...] = ()  # end the output like EOS (suppressed with EOS before min_tokens)
     constraint: Constraint | None = None  # the output must match it (structured output)
+    adapter_id: str | None = None  # the LoRA adapter it runs with, by name (None: the base model)
 
 
 @dataclass(frozen=True)
@@ -109,8 +112,8 @@ class DecodeRow:
 
     `max_tokens`: how many tokens the row may take this step, at least 1 and never more than what
     its sequence may still generate (1 unless the backend decodes several tokens a step, e.g. by
-    speculation: `Backend.tokens_per_step`). `adapter_id`: the LoRA adapter the row runs with (None:
-    the base model; nothing sets one yet)."""
+    speculation: `Backend.tokens_per_step`). `adapter_id`: the LoRA adapter the row runs with, by
+    name (None: the base model); the same as its prefill's."""
 
     slot: int
     max_tokens: int = 1
@@ -130,6 +133,7 @@ class Limits:
     max_stop_strings: int = 16
     max_stop_chars: int = 4096  # all stop strings together
     max_json_depth: int = 64  # nesting of the request body
+    adapters: frozenset[str] = frozenset()  # the LoRA adapters a request may name (handler.lora.adapters)
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,10 @@ class Api(ABC):
         `prompt_logprobs`, `max_new_tokens`, `prompt`), for the 400 that names it."""
         return field
 
-    def immediate(self) -> str | None:
+    def immediate(self, limits: Limits | None = None) -> str | None:
         """The whole response body for a route that needs no generation (a model
-        listing); None (the default) to parse the body and generate."""
+        listing, which names the adapters `limits` allows); None (the default) to parse the body and
+        generate."""
         return None
 
     @abstractmethod

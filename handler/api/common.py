@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -222,13 +222,28 @@ def penalty(value: float | int | None, param: str) -> float:
     return float(value)
 
 
-def served_model(requested: str | None, served: str, named_route: bool) -> str:
-    """The `model` a response names. On a route that names its API (`v1/completions`, ...), a body's
-    `model` must be the served one: another is a 404 `model_not_found`. A body routed by its shape
-    (`/invocations`, `/predictions/<model>`: SageMaker's clients send whatever name) is served as is."""
+def served_model(
+    requested: str | None, served: str, named_route: bool, adapters: Collection[str] = ()
+) -> tuple[str, str | None]:
+    """(the `model` a response names, the LoRA adapter the request runs with). A `model` naming a
+    configured adapter selects it (vLLM's convention); the served model's name means the base. On a
+    route that names its API (`v1/completions`, ...), any other `model` is a 404 `model_not_found`.
+    A body routed by its shape (`/invocations`, `/predictions/<model>`: SageMaker's clients send
+    whatever name) is served as is."""
+    if requested is not None and requested in adapters:
+        return requested, requested
     if not named_route:
-        return requested or served
+        return requested or served, None
     if requested is not None and requested != served:
         shown = printable(requested)[:100]
         raise ModelNotFound(f"the model '{shown}' does not exist; this server serves '{served}'", "model")
-    return served
+    return served, None
+
+
+def named_adapter(name: str | None, limits: Limits, param: str) -> str | None:
+    """The LoRA adapter a body's `param` names (native `adapter`, TGI `adapter_id`); an unknown one is a
+    400 naming that field."""
+    if name is None or name in limits.adapters:
+        return name
+    known = ", ".join(sorted(limits.adapters)) or "none"
+    raise InvalidRequest(f"the adapter '{printable(name)[:100]}' is not served here (adapters: {known})", param)

@@ -94,7 +94,7 @@ class OpenAIEmbeddingsApi(EmbeddingApi):
                 "dimensions",
             )
         inputs, single = parse_inputs(req.input, "input", max_inputs)
-        self.model = served_model(req.model, self.model, self.named_route)
+        self.model, _ = served_model(req.model, self.model, self.named_route)  # an embedding archive has no adapters
         return EmbeddingRequest(inputs, "input", single, req.encoding_format or "float", req.dimensions)
 
     def reply(self, request: EmbeddingRequest, vectors: np.ndarray, prompt_tokens: int) -> str:

@@ -25,6 +25,7 @@ from handler.api.common import (
     extra_fields,
     grammar_constraint,
     log_ignored,
+    named_adapter,
     output_shaping,
     stop_strings,
     validated,
@@ -101,6 +102,7 @@ def _build(prompt: str, params: GenerationParameters, stream: bool | None, limit
         prompt_logprobs=bool(params.prompt_logprobs or params.echo),
         stop_token_ids=tuple(params.stop_token_ids or ()),
         constraint=None if params.grammar is None else grammar_constraint(params.grammar),
+        adapter=named_adapter(params.adapter, limits, "adapter"),
     )
 
 

@@ -36,6 +36,7 @@ class GenerationParameters(Lenient):
     stop_token_ids: list[StrictInt] | None = None
     # As TGI's: {"type": "json" | "json_schema" | "regex", "value": ...}.
     grammar: Any = None
+    adapter: StrictStr | None = None  # a configured LoRA adapter's name (handler.lora.adapters)
 
 
 class NativeRequest(GenerationParameters):

@@ -108,7 +108,7 @@ class _OpenAIGeneration(Api):
         n = req.n or 1
         if n > N_MAX:
             raise InvalidRequest(f"n must be between 1 and {N_MAX}, got {n}", "n")
-        self.model = served_model(req.model, self.model, self.named_route)
+        self.model, adapter = served_model(req.model, self.model, self.named_route, limits.adapters)
         self.include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         prompt, add_special_tokens, token_ids = self._prompt(req, tokenizer)
         if token_ids is None and not prompt.strip():
@@ -128,6 +128,7 @@ class _OpenAIGeneration(Api):
             stop_token_ids=tuple(req.stop_token_ids or ()),
             constraint=self._constraint(req),
             n=n,
+            adapter=adapter,
         )
 
     # Fields OpenAI defines that this route cannot honour: a 400 naming them, never silently dropped.
@@ -455,15 +456,19 @@ class ModelsApi(Api):
         self.model_name = model_name
         self.model_id = model_id
 
-    def _card(self) -> dict[str, Any]:
-        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": OWNER}
+    def _card(self, name: str) -> dict[str, Any]:
+        card = {"id": name, "object": "model", "created": 0, "owned_by": OWNER}
+        if name != self.model_name:
+            card["parent"] = self.model_name  # a LoRA adapter on the served model (vLLM's listing)
+        return card
 
-    def immediate(self) -> str | None:
+    def immediate(self, limits: Limits | None = None) -> str | None:
+        names = [self.model_name, *sorted(limits.adapters if limits is not None else ())]
         if self.model_id is None:
-            return compact_json({"object": "list", "data": [self._card()]})
-        if self.model_id != self.model_name:
+            return compact_json({"object": "list", "data": [self._card(name) for name in names]})
+        if self.model_id not in names:
             raise NotFound(f"the model '{self.model_id}' does not exist; this server has '{self.model_name}'", "model")
-        return compact_json(self._card())
+        return compact_json(self._card(self.model_id))
 
     def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
         raise InvalidRequest("v1/models generates nothing", "url_path")

@@ -38,6 +38,7 @@ from handler.api.common import (
     extra_fields,
     grammar_constraint,
     log_ignored,
+    named_adapter,
     sse,
     stop_strings,
     validated,
@@ -131,6 +132,7 @@ class TgiApi(Api):
             logprobs=self.top_n if wants_logprobs else None,
             prompt_logprobs=self.prefill_details,
             constraint=None if params.grammar is None else grammar_constraint(params.grammar),
+            adapter=named_adapter(params.adapter_id, limits, "adapter_id"),
         )
 
     def content_type(self, request: GenerationRequest) -> str:
@@ -278,8 +280,6 @@ def _refuse_unsupported(params: TgiParameters, stream: bool) -> None:
         raise _unsupported("best_of", " (only best_of=1)")
     if params.truncate is not None:
         raise _unsupported("truncate", "; send a prompt that fits")
-    if params.adapter_id is not None:
-        raise _unsupported("adapter_id")
     if params.typical_p is not None:
         raise _unsupported("typical_p")
     if stream and params.decoder_input_details:

@@ -32,9 +32,12 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from handler.request import DecodeRow, GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
+
+if TYPE_CHECKING:
+    from handler.lora.adapters import AdapterSpec
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +88,20 @@ class Backend(ABC):
     @abstractmethod
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         """Prefill each request into its (free) slot; its first token, in request order."""
+
+    # -- LoRA (handler/lora/): a backend that serves adapters overrides all three -------------
+    def lora_shapes(self) -> dict[str, tuple[int, int]] | None:
+        """The base model's linear layers an adapter may target: module name (q_proj, ...) to its
+        (in_features, out_features); None: this backend serves no adapters."""
+        return None
+
+    def load_adapter(self, spec: AdapterSpec) -> None:
+        """Make the (checked) adapter servable under `spec.name`: rows naming it run with it."""
+        raise NotImplementedError(f"the {getattr(self, 'name', 'model')} backend serves no adapters")
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget the adapter; no live row names it (the engine waits for its last one)."""
+        raise NotImplementedError(f"the {getattr(self, 'name', 'model')} backend serves no adapters")
 
     def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
         """One decode step over the plan's rows (every live slot): the tokens each row accepted,

@@ -15,6 +15,10 @@ each step appends one column to it (as `generate` does). It is rebuilt only when
 joins (prefilled since the last step) or leaves (released); then every row is copied once
 into the new stack. A row's K/V never depends on its batch-mates (padding is masked), so a
 request's tokens are those it gets alone.
+
+LoRA adapters (`hf_lora.HFAdapters`, PEFT): a slot runs with the adapter its prefill named, every
+step; one decode forward mixes rows of different adapters and base rows, each row getting only its
+own adapter's change, so a row's tokens are still those it gets alone.
 """
 
 from __future__ import annotations
@@ -24,19 +28,23 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from handler.backends.base import Backend, clamp_n_positions
+from handler.backends.hf_lora import HFAdapters
 from handler.backends.host_sampling import HostSampling
 from handler.backends.kv_cache import AppendCache, ForwardKwargs, LayerKV, layers_of, stack, truncate, unpad_row
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import HandlerConfig
-from handler.request import GenerationRequest, SlotRequest, TokenChoice
+from handler.request import DecodeRow, GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
 from handler.sampling.logprobs import prompt_logprobs
+
+if TYPE_CHECKING:
+    from handler.lora.adapters import AdapterSpec
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +72,7 @@ class _Slot:
     length: int  # positions held in its cache (prompt + tokens already run through the model)
     next_token: int  # sampled, not yet run through the model: the next decode's input
     kv: list[LayerKV] | None  # its own K/V (batch of one) while it is not a row of the stacked batch
+    adapter: str | None = None  # the LoRA adapter it runs with (None: the base model)
 
 
 @dataclass
@@ -101,6 +110,7 @@ class HFBackend(Backend):
         self.n_slots = n_slots
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self._forward_kwargs = ForwardKwargs(self.model)
+        self.adapters = HFAdapters(self.model)
         self._slots: dict[int, _Slot] = {}
         self._batch: _Batch | None = None
         self.sampling = HostSampling(n_slots, self.eos_token_ids, self.n_positions, self.tokenizer, self.vocab_size)
@@ -113,6 +123,31 @@ class HFBackend(Backend):
 
     def request_refusal(self, request: GenerationRequest) -> tuple[str, str] | None:
         return self.sampling.refusal(request)
+
+    def lora_shapes(self) -> dict[str, tuple[int, int]]:
+        return dict(self.adapters.shapes)
+
+    def load_adapter(self, spec: AdapterSpec) -> None:
+        self.adapters.load(spec)
+
+    def unload_adapter(self, name: str) -> None:
+        users = sorted(slot for slot, state in self._slots.items() if state.adapter == name)
+        if users:
+            raise ValueError(f"LoRA adapter {name!r} is in use by slots {users}; release them first")
+        self.adapters.unload(name)
+
+    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        """`decode`'s one token per row; each row runs with its slot's adapter (the one it was
+        prefilled with), which the row must name."""
+        for row in rows:
+            state = self._slots.get(row.slot)
+            if state is not None and row.adapter_id != state.adapter:
+                raise SlotRequestError(
+                    row.slot,
+                    f"slot {row.slot} runs with LoRA adapter {state.adapter!r}, the step names {row.adapter_id!r}",
+                    "model",
+                )
+        return [[choice] for choice in self.decode([row.slot for row in rows])]
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         """Each request alone (batch 1, no padding). All or nothing: if one fails, none of
@@ -153,7 +188,8 @@ class HFBackend(Backend):
             width = batch.mask.shape[1]
             mask = torch.cat([batch.mask, torch.ones((len(states), 1), dtype=torch.long)], dim=1)
             try:
-                out = self.model(
+                out = self.adapters.forward(
+                    [state.adapter for state in states],
                     input_ids=torch.tensor([[state.next_token] for state in states], dtype=torch.long),
                     attention_mask=mask,
                     position_ids=torch.tensor([[state.length] for state in states], dtype=torch.long),
@@ -198,6 +234,7 @@ class HFBackend(Backend):
     def close(self) -> None:
         self._slots.clear()
         self._batch = None
+        self.adapters.close()
         self.model = None
 
     # -- internals ---------------------------------------------------------------------
@@ -207,13 +244,14 @@ class HFBackend(Backend):
         position with prompt logprobs, else the last)."""
         n = len(request.prompt_ids)
         cache = DynamicCache()
-        out = self.model(
+        out = self.adapters.forward(
+            [request.adapter_id],
             input_ids=torch.tensor([request.prompt_ids], dtype=torch.long),
             attention_mask=torch.ones((1, n), dtype=torch.long),
             position_ids=torch.arange(n, dtype=torch.long).unsqueeze(0),
             **self._forward_kwargs(cache, last_only=not request.prompt_logprobs),
         )
-        self._slots[request.slot] = _Slot(n, -1, layers_of(cache))
+        self._slots[request.slot] = _Slot(n, -1, layers_of(cache), request.adapter_id)
         return out.logits[0]
 
     def _restack(self, slots: tuple[int, ...]) -> _Batch:
@@ -271,3 +309,5 @@ class HFBackend(Backend):
             bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(f"slot {request.slot}: token ids {bad[:5]} are outside the vocabulary")
+            if request.adapter_id is not None and request.adapter_id not in self.adapters:
+                raise SlotRequestError(request.slot, f"the LoRA adapter {request.adapter_id!r} is not loaded", "model")

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 from handler.backends.base import Backend
 from handler.config import ServingConfig
 from handler.errors import ConfigError
+from handler.lora.adapters import AdapterError, read_adapter
 from handler.neuron.auto import choose_backend, choose_encoder_backend
+from handler.neuron.lora import LoraSettings
 
 if TYPE_CHECKING:
     from handler.backends.encoder_base import SentenceEncoder
@@ -36,7 +38,43 @@ def load_backend(
             f"model-config.yaml: scheduler.n_slots ({config.scheduler.n_slots}) does not match the {backend.name} "
             f"model's {slots} slots (its compiled batch size); set scheduler.n_slots: {slots}"
         )
+    try:
+        _install_adapters(backend, config, model_dir)
+    except BaseException:
+        backend.close()
+        raise
     return backend
+
+
+def nxdi_lora(config: ServingConfig, model_dir: str | Path | None) -> LoraSettings | None:
+    """`handler.lora` as the nxdi backend compiles it in (None: no adapters)."""
+    lora = config.handler.lora
+    if lora is None or not lora.adapters:
+        return None
+    return LoraSettings.of(config.handler.adapter_paths(model_dir or "."), lora.max_loras, lora.max_lora_rank)
+
+
+def _install_adapters(backend: Backend, config: ServingConfig, model_dir: str | Path | None) -> None:
+    """`handler.lora.adapters`, each checked against the base model and loaded, or the start fails
+    naming the adapter."""
+    lora = config.handler.lora
+    if lora is None or not lora.adapters:
+        return
+    shapes = backend.lora_shapes()
+    if shapes is None:
+        raise ConfigError(
+            f"model-config.yaml: handler.lora: the {backend.name} backend serves no LoRA adapters; use backend "
+            "nxdi or hf"
+        )
+    for name, path in config.handler.adapter_paths(model_dir or ".").items():
+        try:
+            spec = read_adapter(name, path, lora.max_lora_rank, shapes)
+        except AdapterError as exc:
+            raise ConfigError(f"model-config.yaml: handler.lora.adapters.{name}: {exc}") from exc
+        backend.load_adapter(spec)
+        logger.info(
+            "LoRA adapter %s loaded (rank %d, %s) from %s", name, spec.rank, ", ".join(spec.target_modules), path
+        )
 
 
 def load_encoder(
@@ -92,7 +130,7 @@ def _load(
     if handler.backend == "nxdi":
         from handler.backends.nxdi import NxdiBackend
 
-        return NxdiBackend(config, checkpoint, gpu_id, workers, cores)
+        return NxdiBackend(config, checkpoint, gpu_id, workers, cores, lora=nxdi_lora(config, model_dir))
     raise ConfigError(f"model-config.yaml: handler.backend: unknown backend {handler.backend!r}")
 
 

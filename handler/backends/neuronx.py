@@ -70,9 +70,10 @@ import torch
 from handler.backends.device_backend import compiler_version, package_version
 from handler.backends.device_slots import LiveSlot, SlotDeviceBackend
 from handler.errors import ConfigError
+from handler.lora.adapters import AdapterSpec
 from handler.neuron import artifacts, options
-from handler.neuron.config import MIN_BUCKET, NeuronxConfig
-from handler.request import SlotRequest, TokenChoice
+from handler.neuron.config import LORA_REFUSAL, MIN_BUCKET, NeuronxConfig
+from handler.request import SlotRequest, SlotRequestError, TokenChoice
 from handler.sampling.logprobs import prompt_logprobs
 
 logger = logging.getLogger(__name__)
@@ -255,8 +256,14 @@ class NeuronxBackend(SlotDeviceBackend):
             )
         return None
 
+    def load_adapter(self, spec: AdapterSpec) -> None:
+        raise NotImplementedError(LORA_REFUSAL)  # lora_shapes() stays None: the contract's "serves none"
+
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         self._live.check_prefill(requests, self.context_buckets)
+        for request in requests:
+            if request.adapter_id is not None:
+                raise SlotRequestError(request.slot, LORA_REFUSAL, "model")
         if not requests:
             return []
         encoded = [self._encode(request.slot, request.prompt_ids) for request in requests]

@@ -35,17 +35,40 @@ Serving (the step contract of handler/backends/base.py):
   parameters, seeds and logprobs, as on hf). With on-device sampling the device returns each
   row's token; the per-row `[top_k, top_p, temperature]` come from this backend's slot map, and
   a request that asks for what the device cannot do gets a 400 (`request_refusal`).
+
+LoRA adapters (`lora=LoraSettings(...)`, from handler.lora; NxDI's multi-LoRA, SDK 2.27+; facts in
+handler/neuron/lora.py):
+- at start each adapter is read and checked against the checkpoint's shapes (refused naming it),
+  and the model is compiled and loaded with `NeuronConfig(lora_config=LoraServingConfig(...))`:
+  index 0 is an all-zero adapter of the backend's own (the base model: NxDI 0.8 has no index for
+  it), adapter i of the settings is index i, `batch_size` is n_slots. Without
+  `handler.nxdi.dynamic_multi_lora` every adapter is in device memory; with it only max_loras of
+  them, the rest swapped in from host memory by NxDI at each prefill.
+- every context-encoding and token-generation call carries `adapter_ids`, an int32 tensor of the
+  rows' indices built here (never NxDI's `convert_adapter_ids_to_indices`, which refuses more rows
+  than max_loras). NxDI binds a slot's adapter at its context encoding and a token-generation call
+  runs each slot with it (lora_layer.py:57-63): the decode's indices are each slot's own, and a
+  decode row naming another adapter than its prefill's fails alone.
+- the adapters' files are in the manifest: one changed on disk recompiles (or is refused with
+  compile_on_start off), never served stale. NxDI records the adapters' folders in
+  neuron_config.json and checks them at load; the backend loads with the folders configured now
+  (the content is the manifest's business), so artifacts compiled elsewhere load here.
+- at run time (handler.lora.runtime_updates) NxDI 0.8 loads no adapter (LoraModelManager.add_adapter
+  does nothing, lora_model.py:556-559); with dynamic multi-LoRA an adapter can be unloaded
+  (remove_adapter, 561-563).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -56,12 +79,23 @@ import torch
 
 from handler.backends.device_backend import compiler_version, package_version
 from handler.backends.device_slots import LiveSlot, SlotDeviceBackend
+from handler.config import ServingConfig
 from handler.errors import ConfigError
+from handler.lora.adapters import AdapterError, AdapterSpec, read_adapter
 from handler.neuron import artifacts
+from handler.neuron import lora as nxdi_lora
 from handler.neuron.checkpoint_identity import STATS_KEY, checkpoint_identity
 from handler.neuron.environment import child_environment
+from handler.neuron.lora import AdapterIndex, LoraSettings, NxdiLoraLayout
 from handler.neuron.nxdi_config import NXDI_OPTIONS_KEY, NxdiConfig, device_sampling_refusal, device_sampling_row
-from handler.request import GenerationRequest, SamplingParams, SlotRequest, SlotRequestError, TokenChoice
+from handler.request import (
+    DecodeRow,
+    GenerationRequest,
+    SamplingParams,
+    SlotRequest,
+    SlotRequestError,
+    TokenChoice,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +114,7 @@ class ModelRecipe:
     model_class: str  # under neuronx_distributed_inference.models
     neuron_config: dict[str, Any]  # NeuronConfig keywords; torch_dtype as its name
     on_device_sampling: dict[str, Any] | None = None  # OnDeviceSamplingConfig keywords
+    lora: dict[str, Any] | None = None  # LoraServingConfig keywords (adapters' folders included)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -118,6 +153,8 @@ class Sdk:
         kwargs["torch_dtype"] = getattr(torch, kwargs["torch_dtype"])
         if recipe.on_device_sampling is not None:
             kwargs["on_device_sampling_config"] = self.sampling_config_cls(**recipe.on_device_sampling)
+        if recipe.lora is not None:
+            kwargs["lora_config"] = lora_serving_config_cls()(**recipe.lora)
         neuron_config = self.neuron_config_cls(**kwargs)
         unknown = sorted(key for key in kwargs if not hasattr(neuron_config, key))
         if unknown:
@@ -132,6 +169,30 @@ class Sdk:
         config_cls = self.model_cls.get_config_cls()
         config = config_cls(self.neuron_config(recipe), load_config=self.load_pretrained_config(recipe.checkpoint))
         return self.model_cls(recipe.checkpoint, config)
+
+
+LORA_KEYWORDS = ("batch_size", "dynamic_multi_lora", "max_cpu_loras", "lora_ckpt_paths_cpu")
+
+
+def lora_serving_config_cls() -> Any:
+    """NxDI's LoraServingConfig, refused (ConfigError) where it lacks what this backend passes: NxDI
+    0.6 (SDK 2.26) has no batch_size or dynamic_multi_lora keyword, and numbers adapters from 1 (its
+    index 0 is a zero adapter of its own, lora_checkpoint.py:246-252 at v0.6.10598)."""
+    try:
+        cls = importlib.import_module(f"{SDK}.modules.lora_serving").LoraServingConfig
+    except (ImportError, AttributeError):
+        cls = None
+    missing = (
+        list(LORA_KEYWORDS)
+        if cls is None
+        else [key for key in LORA_KEYWORDS if key not in inspect.signature(cls).parameters]
+    )
+    if missing:
+        raise ConfigError(
+            "model-config.yaml: handler.lora: the installed NxD Inference's LoraServingConfig lacks "
+            f"{', '.join(missing)}: LoRA on backend nxdi needs NxD Inference 0.7+ (Neuron SDK 2.27+)"
+        )
+    return cls
 
 
 def compile_model(recipe: ModelRecipe, out_dir: str) -> None:
@@ -176,12 +237,33 @@ class _Slot(LiveSlot):
     """A live sequence, with its row of device sampling parameters."""
 
     sampling_row: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    adapter: str | None = None  # the LoRA adapter its prefill bound to the slot (None: the base model)
+    adapter_index: int = 0  # its index in the compiled model
 
 
 class NxdiBackend(SlotDeviceBackend):
     name = "nxdi"
     settings: NxdiConfig
     decode_trap = "NxDI runs a slot left out as a copy of the first row, overwriting its KV"
+
+    def __init__(
+        self,
+        config: ServingConfig,
+        checkpoint: Path,
+        gpu_id: int | None = None,
+        workers: int = 1,
+        cores: Sequence[int] | None = None,
+        lora: LoraSettings | None = None,
+    ) -> None:
+        """`lora`: the adapters to serve (handler.lora), compiled into the model; None: none."""
+        self.lora_settings = lora
+        self.lora_layout: NxdiLoraLayout | None = None
+        self.adapter_specs: dict[str, AdapterSpec] = {}  # the adapters served, by name, as read at start
+        self._adapters = AdapterIndex(())
+        self._lora_identities: dict[str, Any] = {}
+        self._lora_stats: dict[str, Any] = {}
+        self._base_adapter_dir: Path | None = None
+        super().__init__(config, checkpoint, gpu_id, workers, cores)
 
     def _plan_buckets(self) -> list[int]:
         context_buckets = self._checked_buckets(self.settings.context_buckets, "context_buckets")
@@ -202,9 +284,66 @@ class NxdiBackend(SlotDeviceBackend):
 
     def _prepare(self) -> dict[str, Any]:
         self.sdk = Sdk.load(self.settings.model_class)  # after the environment is set
+        if self.lora_settings is not None:
+            self.lora_layout = self._plan_lora(self.lora_settings)
         self.recipe = self.model_recipe()
         self.sdk.neuron_config(self.recipe)  # unknown keywords fail here, before any compile
         return self.manifest_inputs()
+
+    # -- LoRA: the adapters, read and checked before anything compiles ---------------------------
+    def _plan_lora(self, settings: LoraSettings) -> NxdiLoraLayout:
+        lora_serving_config_cls()  # the installed NxDI can take what follows
+        model_type = getattr(self.hf_config, "model_type", None)
+        shapes = nxdi_lora.llama_lora_shapes(self.hf_config)
+        if model_type not in nxdi_lora.LORA_MODEL_TYPES or shapes is None:
+            raise ConfigError(
+                f"model-config.yaml: handler.lora: backend nxdi serves LoRA adapters on the Llama family "
+                f"({', '.join(nxdi_lora.LORA_MODEL_TYPES)}), not on a {model_type!r} checkpoint"
+            )
+        specs = []
+        for name, path in settings.adapters:
+            try:
+                spec = read_adapter(name, path, settings.max_lora_rank, shapes)
+            except AdapterError as exc:
+                raise ConfigError(f"model-config.yaml: handler.lora.adapters: {exc}") from None
+            refusal = nxdi_lora.nxdi_rank_refusal(name, spec.rank)
+            if refusal:
+                raise ConfigError(f"model-config.yaml: handler.lora.adapters: {refusal}")
+            specs.append(spec)
+        manifest = artifacts.read_manifest(self.cache.artifacts_dir) or {}
+        files = manifest.get("depends_on", {}).get("lora", {}).get("adapters", {})
+        stats = manifest.get(nxdi_lora.STATS_KEY, {})
+        for spec in specs:  # a file whose size and mtime the manifest recorded keeps its digest unread
+            known = {"identity": files.get(spec.name, {}), "stats": stats.get(spec.name, {})}
+            self._lora_identities[spec.name], self._lora_stats[spec.name] = nxdi_lora.adapter_identity(spec.path, known)
+        targets = sorted({module for spec in specs for module in spec.target_modules})
+        self._base_adapter_dir = Path(tempfile.mkdtemp(prefix="nxdi-lora-base-"))
+        nxdi_lora.write_base_adapter(self._base_adapter_dir, shapes, targets)
+        layout = NxdiLoraLayout.build(
+            settings,
+            self.settings.dynamic_multi_lora,
+            [spec.rank for spec in specs],
+            targets,
+            self._base_adapter_dir,
+            self.n_slots,
+        )
+        self.adapter_specs = {spec.name: spec for spec in specs}
+        self._adapters = AdapterIndex(layout.names)
+        logger.info(
+            "nxdi: %d LoRA adapter(s) (%s), rank <= %d, targets %s, %s",
+            len(specs),
+            ", ".join(f"{name}={i}" for i, name in enumerate(layout.names)),
+            layout.keywords["max_lora_rank"],
+            targets,
+            f"dynamic: {settings.max_loras} in device memory"
+            if self.settings.dynamic_multi_lora
+            else "all in device memory",
+        )
+        return layout
+
+    def _lora_extra(self) -> dict[str, Any]:
+        """The manifest's entries `check` does not compare: the adapter files' stats."""
+        return {nxdi_lora.STATS_KEY: self._lora_stats} if self.lora_layout is not None else {}
 
     # -- configuration ---------------------------------------------------------------
     def model_recipe(self) -> ModelRecipe:
@@ -229,7 +368,8 @@ class NxdiBackend(SlotDeviceBackend):
         on_device = None
         if self.on_device:
             on_device = {"dynamic": True, "do_sample": True, "global_topk": settings.global_topk}
-        return ModelRecipe(str(self.checkpoint), settings.model_class, neuron_config, on_device)
+        lora = self.lora_layout.keywords if self.lora_layout is not None else None
+        return ModelRecipe(str(self.checkpoint), settings.model_class, neuron_config, on_device, lora)
 
     def manifest_inputs(self) -> dict[str, Any]:
         """What the compiled model and its saved sharded weights depend on."""
@@ -243,6 +383,7 @@ class NxdiBackend(SlotDeviceBackend):
             "neuron_config": self.recipe.neuron_config,
             "on_device_sampling": self.recipe.on_device_sampling,
             "compiler_flags": os.environ.get("NEURON_CC_FLAGS", ""),
+            **({"lora": self.lora_layout.manifest(self._lora_identities)} if self.lora_layout is not None else {}),
         }
 
     def _checkpoint_identity(self) -> dict[str, Any]:
@@ -258,7 +399,10 @@ class NxdiBackend(SlotDeviceBackend):
         started = time.perf_counter()
         folder = str(self.cache.artifacts_dir)
         try:
-            model = self.sdk.model_cls(folder)
+            if self.lora_layout is None:
+                model = self.sdk.model_cls(folder)
+            else:
+                model = self.sdk.model_cls(folder, self._config_with_adapters_here(folder))
             model.load(folder)
         except (FileNotFoundError, ValueError) as exc:  # what NxDI raises for a folder it cannot load
             return None, f"{type(exc).__name__}: {exc}"
@@ -266,7 +410,27 @@ class NxdiBackend(SlotDeviceBackend):
             "nxdi: path=load: compiled model from %s on the cores in %.1f s", folder, time.perf_counter() - started
         )
         artifacts.record_extra(self.cache.artifacts_dir, STATS_KEY, self._checkpoint_stats)  # e.g. after a touch
+        if self.lora_layout is not None:
+            artifacts.record_extra(self.cache.artifacts_dir, nxdi_lora.STATS_KEY, self._lora_stats)
         return model, ""
+
+    def _config_with_adapters_here(self, folder: str) -> Any:
+        """The compiled model's config (neuron_config.json) with the adapters' folders as configured
+        now. NxDI records the folders it compiled with and, loading, rebuilds its LoraServingConfig from
+        them, which checks they exist and re-reads them (lora_serving/config.py:78-85, 192-217): artifacts
+        compiled on another host, or the base adapter of another start, would not load. What the folders
+        hold is the manifest's business (each file's SHA-256)."""
+        assert self.lora_layout is not None
+        config_file = Path(folder) / "neuron_config.json"
+        data = json.loads(config_file.read_text())
+        lora_config = (data.get("neuron_config") or {}).get("lora_config")
+        if not isinstance(lora_config, dict):
+            raise ValueError(f"{config_file} has no lora_config: compiled without LoRA")
+        keywords = self.lora_layout.keywords
+        lora_config["lora_ckpt_paths"] = keywords["lora_ckpt_paths"]
+        lora_config["lora_ckpt_paths_cpu"] = keywords.get("lora_ckpt_paths_cpu", {})
+        lora_config["lora_ckpt_json"] = None
+        return self.sdk.model_cls.get_config_cls().from_json_string(json.dumps(data))
 
     def _compile(self) -> Any:
         started = time.perf_counter()
@@ -274,7 +438,7 @@ class NxdiBackend(SlotDeviceBackend):
             self.cache.artifacts_dir,
             self.expected,
             lambda out: compile_in_child(self.recipe, out, self.cache.artifacts_dir),
-            extra={STATS_KEY: self._checkpoint_stats},
+            extra={STATS_KEY: self._checkpoint_stats, **self._lora_extra()},
         )
         logger.info(
             "nxdi: path=compile: compiled (n_slots=%d tp_degree=%d amp=%s n_positions=%d context buckets=%s) and saved "
@@ -314,20 +478,77 @@ class NxdiBackend(SlotDeviceBackend):
         return device_sampling_row(sampling, self.settings.global_topk)
 
     # -- serving: the step contract ------------------------------------------------------
+    # -- LoRA: the contract's three ----------------------------------------------------------
+    def lora_shapes(self) -> dict[str, tuple[int, int]] | None:
+        """The checkpoint's projections an adapter may target, when started with adapters (a model
+        compiled without LoRA serves none)."""
+        return nxdi_lora.llama_lora_shapes(self.hf_config) if self.lora_layout is not None else None
+
+    def load_adapter(self, spec: AdapterSpec) -> None:
+        """Only an adapter this model was started with, unchanged (a no-op): NxDI 0.8 adds no adapter
+        after start, dynamic multi-LoRA or not (LoraModelManager.add_adapter does nothing, "NxDI does
+        not support streaming adapters", lora_model.py:556-559)."""
+        if spec.name in self.adapter_specs and spec.name in self._adapters:
+            known = {"identity": self._lora_identities[spec.name], "stats": self._lora_stats[spec.name]}
+            identity, _ = nxdi_lora.adapter_identity(spec.path, known)  # a stat when the files are unchanged
+            if identity == self._lora_identities[spec.name]:
+                return
+        raise NotImplementedError(
+            f"backend nxdi cannot load LoRA adapter {spec.name!r} at run time: NxD Inference 0.8 serves only the "
+            "adapters it was started with (handler.lora.adapters, compiled into the model; a changed adapter needs "
+            "a restart, which recompiles); add it there and restart, or use backend hf"
+        )
+
+    def unload_adapter(self, name: str) -> None:
+        """With dynamic multi-LoRA: NxDI drops it from host memory (remove_adapter, lora_model.py:561-563)
+        and no row can name it again. Without: refused, the adapters are compiled into the model."""
+        if name not in self._adapters:
+            raise ValueError(f"backend nxdi serves no LoRA adapter {name!r}")
+        if not self.settings.dynamic_multi_lora:
+            raise NotImplementedError(
+                f"backend nxdi cannot unload LoRA adapter {name!r}: without handler.nxdi.dynamic_multi_lora every "
+                "adapter is compiled into device memory; set dynamic_multi_lora: true (with save_sharded_checkpoint: "
+                "false) to unload at run time"
+            )
+        live = sorted(slot for slot, state in self._live.items() if getattr(state, "adapter", None) == name)
+        if live:
+            raise ValueError(f"LoRA adapter {name!r} is still in use by slot(s) {live}")
+        index = self._adapters.index(name)
+        self._running_model().lora_model_manager.remove_adapter(index)
+        self._adapters.forget(name)
+        self.adapter_specs.pop(name, None)
+        logger.info("nxdi: LoRA adapter %r (index %d) unloaded", name, index)
+
+    def _adapter_index(self, slot: int, adapter: str | None) -> int:
+        if adapter is None:
+            return 0
+        if self.lora_layout is None:
+            raise SlotRequestError(slot, "backend nxdi was started without LoRA adapters (handler.lora)", "model")
+        try:
+            return self._adapters.index(adapter)
+        except KeyError:
+            raise SlotRequestError(slot, f"backend nxdi serves no LoRA adapter {adapter!r}", "model") from None
+
+    # -- serving: the step contract ------------------------------------------------------
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         self._live.check_prefill(requests, self.context_buckets)
+        indices = [self._adapter_index(request.slot, request.adapter_id) for request in requests]
         outputs = []
-        for request in requests:
+        for request, index in zip(requests, indices, strict=True):
             input_ids, position_ids, mask = self._context_row(request.prompt_ids)
             rows = [self._sampling_row(request.sampling)]
-            outputs.append(self._forward(input_ids, position_ids, [request.slot], rows, mask))
+            outputs.append(self._forward(input_ids, position_ids, [request.slot], rows, mask, [index]))
         if self.on_device:
             choices = [TokenChoice(int(out.reshape(-1)[0])) for out in outputs]
         else:
             choices = self.sampling.first_tokens(requests, torch.cat([self._last_logits(o) for o in outputs]))
-        for request, choice in zip(requests, choices, strict=True):
+        for request, choice, index in zip(requests, choices, indices, strict=True):
             self._live[request.slot] = _Slot(
-                choice.token_id, len(request.prompt_ids), self._sampling_row(request.sampling)
+                choice.token_id,
+                len(request.prompt_ids),
+                self._sampling_row(request.sampling),
+                request.adapter_id,
+                index,
             )
         return choices
 
@@ -348,6 +569,22 @@ class NxdiBackend(SlotDeviceBackend):
         input_ids[0, 0] = prompt[0]
         return input_ids, torch.zeros((1, length), dtype=torch.long), torch.ones((1, 1), dtype=torch.long)
 
+    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        """One token per row; each row runs with the adapter its prefill bound to its slot (NxDI's
+        token generation reads the slot's active LoRA weights, whatever the call's adapter_ids say),
+        so a row naming another one fails alone rather than run with the wrong adapter."""
+        for row in rows:
+            state = self._live.get(row.slot)
+            bound = getattr(state, "adapter", None)
+            if state is not None and row.adapter_id != bound:
+                raise SlotRequestError(
+                    row.slot,
+                    f"the decode row names LoRA adapter {row.adapter_id!r} but slot {row.slot} was prefilled with "
+                    f"{bound!r} (nxdi binds a slot's adapter at its prefill)",
+                    "model",
+                )
+        return [[choice] for choice in self.decode([row.slot for row in rows])]
+
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         slots = list(slots)
         ordered = sorted(slots)  # a full batch ignores seq_ids: row i is KV row i
@@ -360,6 +597,7 @@ class NxdiBackend(SlotDeviceBackend):
             torch.tensor([[state.position] for state in states], dtype=torch.long),
             ordered,
             [state.sampling_row for state in states],
+            adapter_ids=[state.adapter_index for state in states],
         )
         if self.on_device:
             choices = [TokenChoice(int(token)) for token in out.reshape(-1).tolist()]
@@ -397,9 +635,17 @@ class NxdiBackend(SlotDeviceBackend):
         seq_ids: list[int],
         rows: list[tuple[float, ...]],
         attention_mask: torch.Tensor | None = None,
+        adapter_ids: list[int] | None = None,
     ) -> torch.Tensor:
-        """Logits `[rows, positions, vocab]`, or with on-device sampling the rows' tokens."""
+        """Logits `[rows, positions, vocab]`, or with on-device sampling the rows' tokens. With LoRA,
+        `adapter_ids` (the rows' adapter indices, 0: the base model) go as an int32 tensor, one per row:
+        the program is picked by the shapes of all its inputs, and NxDI's own default (zeros) would be
+        adapter index 0 for every row."""
         model = self._running_model()
+        lora: dict[str, torch.Tensor] = {}
+        if self.lora_layout is not None:
+            ids = adapter_ids if adapter_ids is not None else [0] * len(seq_ids)
+            lora["adapter_ids"] = torch.tensor(ids, dtype=torch.int32)
         with torch.inference_mode():
             out = model(
                 input_ids=input_ids,
@@ -407,6 +653,7 @@ class NxdiBackend(SlotDeviceBackend):
                 position_ids=position_ids,
                 seq_ids=torch.tensor(seq_ids, dtype=torch.int32),
                 sampling_params=torch.tensor(rows, dtype=torch.float32),
+                **lora,
             )
         # model_base.py `_construct_output`: with on-device sampling `.logits` is None and `.tokens` holds
         # each row's token (int32); without it `.logits` holds the logits
@@ -422,6 +669,12 @@ class NxdiBackend(SlotDeviceBackend):
         except Exception as exc:
             raise RuntimeError(f"nxdi warm-up failed: {type(exc).__name__}: {exc}") from exc
         return f"step over {self.n_slots} slot(s)"
+
+    def close(self) -> None:
+        super().close()
+        if self._base_adapter_dir is not None:
+            shutil.rmtree(self._base_adapter_dir, ignore_errors=True)
+            self._base_adapter_dir = None
 
 
 def check_reachable_positions(context_buckets: list[int], token_buckets: list[int], n_positions: int) -> None:

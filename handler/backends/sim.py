@@ -34,6 +34,13 @@ Time charged per step (`charge`):
 - `live_rows` (default): a decode step costs the profile's time for the slots in it;
 - `compiled_batch`: every decode step costs the full compiled batch, which is what a
   static-shape model that pads its batch really pays.
+
+LoRA adapters: `load_adapter` makes one servable by name (any checked PEFT adapter: `lora_shapes`
+are the checkpoint's, from its config.json when it describes a Llama-family decoder); a row naming
+one is served, its tokens drawn from a generator seeded by the adapter's name too (so an adapter's
+output differs from the base model's, and each row's shows which adapter it ran with); a step costs
+the profile's `lora_step_ms` more per distinct adapter among its rows (0 unless the profile says;
+no published figure calibrates it).
 """
 
 from __future__ import annotations
@@ -56,8 +63,10 @@ from handler.backends.sim_profile import Profile, load_profile, resolve_profile_
 from handler.backends.tokenizer import load_tokenizer
 from handler.config import HandlerConfig, SimConfig
 from handler.errors import ConfigError
+from handler.lora.adapters import AdapterSpec
+from handler.neuron.lora import llama_lora_shapes, read_config_json
 from handler.neuron.memory import Layout
-from handler.request import GenerationRequest, SlotRequest, TokenChoice
+from handler.request import DecodeRow, GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +109,11 @@ class SimSlot:
 
 
 def request_seed(request: SlotRequest) -> int:
-    """Stable across processes (unlike hash()): the prompt, plus the seed when sampling."""
+    """Stable across processes (unlike hash()): the prompt, plus the seed when sampling, plus the
+    LoRA adapter's name when it names one."""
     sampled_seed = request.sampling.seed if request.sampling.do_sample else None
-    key = f"{','.join(map(str, request.prompt_ids))}|{sampled_seed}".encode()
+    adapter = f"|{request.adapter_id}" if request.adapter_id is not None else ""
+    key = f"{','.join(map(str, request.prompt_ids))}|{sampled_seed}{adapter}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
@@ -220,7 +231,8 @@ class SimModel:
                 # charged, so a constraint the sampler cannot take fails the call before the clock
                 # runs for it; the rows are then sampled together, as prefill rows (`_next_tokens`).
                 self.sampling.register(request)
-                self._charge(started, self.profile.prefill_s(1, len(request.prompt_ids)))
+                lora_s = self.profile.lora_s(0 if request.adapter_id is None else 1)
+                self._charge(started, self.profile.prefill_s(1, len(request.prompt_ids)) + lora_s)
             return self._next_tokens([r.slot for r in requests])
         except BaseException:
             for request in requests:
@@ -233,7 +245,8 @@ class SimModel:
         if unknown:
             raise ValueError(f"decode of slot(s) {unknown} that hold no sequence")
         rows = self.profile.batch_size if self.sim.charge == "compiled_batch" else len(slots)
-        self._charge(started, self.profile.decode_s(rows))
+        adapters = {self.slots[s].request.adapter_id for s in slots} - {None}
+        self._charge(started, self.profile.decode_s(rows) + self.profile.lora_s(len(adapters)))
         return self._next_tokens(slots)
 
     def release(self, slot: int) -> None:
@@ -258,6 +271,9 @@ class SimBackend(Backend):
             )
             check_memory_fit("sim", resolve_profile_path(config.sim.hf_config, model_dir), layout, required=True)
         self.tokenizer = load_tokenizer(checkpoint, config.trust_remote_code)
+        hf_config = read_config_json(checkpoint)
+        self._lora_shapes = llama_lora_shapes(hf_config) if hf_config is not None else None
+        self.adapters: dict[str, AdapterSpec] = {}  # the LoRA adapters served, by name
         self.eos_token_ids = frozenset({self.tokenizer.eos_token_id})
         vocab_ids = text_token_ids(self.tokenizer)
         self._constraint_refusal: str | None = None
@@ -320,8 +336,47 @@ class SimBackend(Backend):
     def sampling_s(self) -> float:
         return self.model.sampling.seconds
 
+    # -- LoRA ----------------------------------------------------------------------------
+    def lora_shapes(self) -> dict[str, tuple[int, int]] | None:
+        """The checkpoint's (config.json) Llama-family projections; None when it describes none."""
+        return self._lora_shapes
+
+    def load_adapter(self, spec: AdapterSpec) -> None:
+        if self._lora_shapes is None:
+            raise NotImplementedError(
+                "the sim backend serves LoRA adapters on a checkpoint whose config.json describes a Llama-family "
+                "decoder (hidden_size, num_attention_heads, intermediate_size), which this one does not"
+            )
+        self.adapters[spec.name] = spec
+
+    def unload_adapter(self, name: str) -> None:
+        if name not in self.adapters:
+            raise ValueError(f"the sim backend serves no LoRA adapter {name!r}")
+        live = sorted(slot for slot, state in self.model.slots.items() if state.request.adapter_id == name)
+        if live:
+            raise ValueError(f"LoRA adapter {name!r} is still in use by slot(s) {live}")
+        del self.adapters[name]
+
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
+        for request in requests:
+            if request.adapter_id is not None and request.adapter_id not in self.adapters:
+                raise SlotRequestError(
+                    request.slot, f"the sim backend serves no LoRA adapter {request.adapter_id!r}", "model"
+                )
         return self.model.prefill(requests)
+
+    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        """One token per row, each with the adapter of its prefill (a row naming another fails alone)."""
+        for row in rows:
+            slot = self.model.slots.get(row.slot)
+            if slot is not None and slot.request.adapter_id != row.adapter_id:
+                raise SlotRequestError(
+                    row.slot,
+                    f"the decode row names LoRA adapter {row.adapter_id!r} but the slot was prefilled with "
+                    f"{slot.request.adapter_id!r}",
+                    "model",
+                )
+        return [[choice] for choice in self.decode([row.slot for row in rows])]
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         return self.model.decode(slots)

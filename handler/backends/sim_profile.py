@@ -13,6 +13,11 @@ published step times:
 - `generated` (optional): the layout and workload a generated profile's times were modelled
   for (`make profiles`, scripts/plan/profiles.py), so that a test can regenerate the file and
   compare; absent from a profile of published figures.
+- `lora_step_ms` (optional; absent is 0): what LoRA adapters add to a step, per distinct adapter
+  among its rows (the base model's rows add nothing). No published figure calibrates it: neither
+  the Neuron SDK's multi-LoRA guide nor vLLM's Neuron results give a per-adapter step cost on
+  Inferentia2, so a profile that sets it says where its number came from (e.g. a measurement on
+  the hf backend, or a guess for a what-if run), and none shipped sets it.
 
 Profiles are YAML files in `profiles/`, each naming its source.
 """
@@ -62,6 +67,7 @@ class Profile(BaseModel):
     decode_step_ms: dict[int, float] = Field(min_length=1)
     prefill_ms: dict[int, float] = Field(min_length=1)
     generated: Generated | None = None
+    lora_step_ms: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)  # None: 0, uncalibrated
 
     @model_validator(mode="after")
     def _check(self) -> Profile:
@@ -78,6 +84,10 @@ class Profile(BaseModel):
     def decode_s(self, rows: int) -> float:
         """Seconds for one decode step of `rows` rows."""
         return _interpolate(sorted(self.decode_step_ms.items()), rows) / 1000
+
+    def lora_s(self, adapters: int) -> float:
+        """Seconds `adapters` distinct LoRA adapters add to one step (uncalibrated: module docstring)."""
+        return adapters * (self.lora_step_ms or 0.0) / 1000
 
     def buckets_for(self, prompt_tokens: int) -> list[int]:
         """The context buckets one prompt is encoded in: the smallest that fits, or

@@ -99,7 +99,12 @@ class EngineClient:
         backend = core.backend
         if isinstance(backend, ReplicatedModel):
             return cls(core, backend.replicas, handler.step_timeout_s, backend.replicas, handler.max_queue_wait_s)
-        engine = StepEngine(backend, settings.prefill_token_budget, admission_wait=settings.admission_wait)
+        engine = StepEngine(
+            backend,
+            settings.prefill_token_budget,
+            admission_wait=settings.admission_wait,
+            max_adapters=core.config.max_adapters,
+        )
         return cls(core, engine, handler.step_timeout_s, max_queue_wait_s=handler.max_queue_wait_s)
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -21,7 +21,12 @@ from handler.api.json_tree import printable
 from handler.backends.base import Backend
 from handler.backends.loader import load_backend
 from handler.config import ServingConfig
-from handler.core.request_checks import check_body_headers, fewest_tokens, longest_token_chars
+from handler.core.request_checks import (
+    check_body_headers,
+    check_constraint_size,
+    fewest_tokens,
+    longest_token_chars,
+)
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError
 from handler.grammar import matchers
@@ -68,6 +73,7 @@ class GenerationCore:
             handler.max_stop_strings,
             handler.max_stop_chars,
             handler.max_json_depth,
+            frozenset(handler.lora.adapters if handler.lora is not None else ()),
         )
         self._longest_token_chars = longest_token_chars(backend.tokenizer)
         grammar = handler.grammar
@@ -105,7 +111,7 @@ class GenerationCore:
             work.api = select_api(url_path, model_name, body, handler.no_route_api, handler.tool_call_parser)
             if refusal is not None:
                 raise refusal
-            work.reply = work.api.immediate()
+            work.reply = work.api.immediate(self.limits)
             if work.reply is not None:
                 return work
             body = decode_body(read_body(), depth) if body is None else body
@@ -202,7 +208,8 @@ class GenerationCore:
 
     def _check_output_rules(self, request: GenerationRequest, api: Api) -> None:
         """What the output may hold: token ids the request names are in the vocabulary, a constraint
-        compiles (the grammar engine's reason is the 400's), `n` > 1 has continuous batching."""
+        is within its size and the compile pool has room (whether it compiles is settled later), `n` > 1
+        has continuous batching."""
         for field_name, ids in (
             ("logit_bias", [t for t, _ in request.sampling.logit_bias]),
             ("stop_token_ids", list(request.stop_token_ids)),
@@ -214,6 +221,7 @@ class GenerationCore:
                 raise InvalidRequest(f"{param}: token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})", param)
         if request.constraint is not None:
             param = api.wire_name("constraint")
+            check_constraint_size(request.constraint, self.config.handler.grammar.max_constraint_bytes, param)
             if request.ignore_eos:
                 raise InvalidRequest(
                     f"ignore_eos cannot be combined with {param}: a complete output ends with EOS", "ignore_eos"

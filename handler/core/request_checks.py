@@ -1,6 +1,6 @@
-"""Checks of a request before its body is read or its prompt tokenized: the body's declared
-form (its headers), and a prompt's length against the vocabulary's longest token, so that a
-prompt that can never fit costs nothing to refuse."""
+"""Checks of a request before its body is read, its prompt tokenized or its constraint compiled:
+the body's declared form (its headers), a prompt's length against the vocabulary's longest token,
+so that a prompt that can never fit costs nothing to refuse, and a constraint's size."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from handler.api.json_tree import printable
-from handler.errors import UnsupportedMediaType
+from handler.errors import InvalidRequest, UnsupportedMediaType
+from handler.request import Constraint
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -51,3 +52,15 @@ def fewest_tokens(text: str, longest_token_chars: int | None) -> int:
     if not longest_token_chars:
         return 0
     return len(text) // (2 * longest_token_chars)
+
+
+def check_constraint_size(constraint: Constraint, limit: int, param: str) -> None:
+    """A constraint over `limit` UTF-8 bytes (`handler.grammar.max_constraint_bytes`) is a 400 naming
+    its field, before anything compiles it."""
+    size = len(constraint.value.encode("utf-8", "surrogatepass"))  # a TGI schema text may hold a lone surrogate
+    if size > limit:
+        raise InvalidRequest(
+            f"{param} is {size:,} bytes; this server takes schemas and grammars of at most {limit:,} bytes "
+            "(handler.grammar.max_constraint_bytes)",
+            param,
+        )

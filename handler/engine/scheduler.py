@@ -9,6 +9,12 @@ stay within `prefill_token_budget` (the first one always goes, however long): th
 budget bounds how long one step's prefills pause the running streams, at the price of
 admitting a burst of long prompts over several steps. A sequence that finishes, fails
 or is aborted frees its slot at once (`finish`, `abort`).
+
+LoRA: a sequence may name an adapter; at most `max_adapters` distinct adapters run at once (what
+the backend holds per step: NxD Inference's `max_loras`). A sequence whose adapter would be one
+too many waits, and while it waits only base-model sequences (which take no adapter's place) pass
+it: the running adapters' rows end, a place frees, and it goes next. First come, first served
+within that rule, and no adapter's traffic can starve another's.
 """
 
 from __future__ import annotations
@@ -31,14 +37,19 @@ class _Waiting(Generic[T]):
     request_id: str
     prompt_tokens: int
     item: T
+    adapter: str | None = None
 
 
 class SlotScheduler(Generic[T]):
-    def __init__(self, n_slots: int, prefill_token_budget: int) -> None:
+    def __init__(self, n_slots: int, prefill_token_budget: int, max_adapters: int | None = None) -> None:
         if n_slots < 1 or prefill_token_budget < 1:
             raise ValueError("n_slots and prefill_token_budget must be >= 1")
+        if max_adapters is not None and max_adapters < 1:
+            raise ValueError("max_adapters must be >= 1 (None: no LoRA limit)")
         self.n_slots = n_slots
         self.prefill_token_budget = prefill_token_budget
+        self.max_adapters = max_adapters
+        self._adapter_of: dict[str, str] = {}  # running request id -> its adapter (base rows absent)
         self._waiting: deque[_Waiting[T]] = deque()
         self._free: list[int] = list(range(n_slots))  # lowest slot first, for readable logs
         self._running: dict[str, tuple[int, T]] = {}  # request id -> (slot, item), in admission order
@@ -69,25 +80,44 @@ class SlotScheduler(Generic[T]):
         return list(self._running.values())
 
     # -- changes -------------------------------------------------------------------------
-    def add(self, request_id: str, prompt_tokens: int, item: T) -> None:
-        """Queue a sequence at the back of the FIFO."""
+    def add(self, request_id: str, prompt_tokens: int, item: T, adapter: str | None = None) -> None:
+        """Queue a sequence at the back of the FIFO (with the LoRA adapter it runs with)."""
         if self.knows(request_id):
             raise ValueError(f"request {request_id} is already scheduled")
-        self._waiting.append(_Waiting(request_id, prompt_tokens, item))
+        self._waiting.append(_Waiting(request_id, prompt_tokens, item, adapter))
+
+    @property
+    def live_adapters(self) -> set[str]:
+        return set(self._adapter_of.values())
 
     def schedule(self) -> list[Admission[T]]:
         """Admit waiting sequences into free slots for this step's prefill."""
         admitted: list[Admission[T]] = []
         budget = self.prefill_token_budget
-        while self._waiting and self._free:
-            head = self._waiting[0]
-            if admitted and head.prompt_tokens > budget:
+        live = self.live_adapters
+        blocked = False  # a sequence waits for an adapter's place: only base sequences may pass it
+        taken: set[str] = set()
+        for waiting in self._waiting:
+            if not self._free:
                 break
-            self._waiting.popleft()
-            budget -= head.prompt_tokens
+            if waiting.adapter is not None:
+                if blocked:
+                    continue
+                if waiting.adapter not in live and self.max_adapters is not None and len(live) >= self.max_adapters:
+                    blocked = True
+                    continue
+            if admitted and waiting.prompt_tokens > budget:
+                break
+            taken.add(waiting.request_id)
+            budget -= waiting.prompt_tokens
             slot = self._free.pop(0)
-            self._running[head.request_id] = (slot, head.item)
-            admitted.append(Admission(slot, head.request_id, head.item))
+            self._running[waiting.request_id] = (slot, waiting.item)
+            if waiting.adapter is not None:
+                self._adapter_of[waiting.request_id] = waiting.adapter
+                live.add(waiting.adapter)
+            admitted.append(Admission(slot, waiting.request_id, waiting.item))
+        if taken:
+            self._waiting = deque(w for w in self._waiting if w.request_id not in taken)
         return admitted
 
     def plan(self, tokens_left: Callable[[T], int], tokens_per_step: int = 1) -> StepPlan[T]:
@@ -104,7 +134,7 @@ class SlotScheduler(Generic[T]):
         for request_id, (slot, item) in self._running.items():
             left = tokens_left(item) - (1 if request_id in new else 0)
             if left >= 1:
-                rows.append(DecodeRow(slot, min(tokens_per_step, left)))
+                rows.append(DecodeRow(slot, min(tokens_per_step, left), self._adapter_of.get(request_id)))
         return StepPlan(tuple(admitted), tuple(rows))
 
     def finish(self, request_id: str) -> int | None:
@@ -112,6 +142,7 @@ class SlotScheduler(Generic[T]):
         entry = self._running.pop(request_id, None)
         if entry is None:
             return None
+        self._adapter_of.pop(request_id, None)
         self._free.append(entry[0])
         self._free.sort()
         return entry[0]

@@ -91,6 +91,7 @@ class Sequence:
             request.prompt_logprobs,
             request.stop_token_ids,
             request.constraint,
+            request.adapter,
         )
 
     @property

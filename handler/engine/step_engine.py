@@ -78,9 +78,10 @@ class StepEngine:
         prefill_token_budget: int,
         clock: Callable[[], float] = time.perf_counter,
         admission_wait: float = 0.0,
+        max_adapters: int | None = None,
     ) -> None:
         self.backend = backend
-        self.scheduler: SlotScheduler[Sequence] = SlotScheduler(backend.n_slots, prefill_token_budget)
+        self.scheduler: SlotScheduler[Sequence] = SlotScheduler(backend.n_slots, prefill_token_budget, max_adapters)
         self._clock = clock
         self._changed = threading.Condition()  # guards everything below; notified after each step
         self._outboxes = Outboxes(self._changed, clock)
@@ -111,7 +112,7 @@ class StepEngine:
     def submit(self, sequence: Sequence) -> None:
         with self._changed:
             self._outboxes.open(sequence)
-            self.scheduler.add(sequence.request_id, len(sequence.prompt_ids), sequence)
+            self.scheduler.add(sequence.request_id, len(sequence.prompt_ids), sequence, sequence.request.adapter)
             self._changed.notify_all()
 
     def abort(self, request_id: str) -> None:

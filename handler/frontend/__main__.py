@@ -47,6 +47,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-auth", action="store_true", help="no key at all: only behind an authenticating proxy")
     parser.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes)
     parser.add_argument("--body-timeout-s", type=float, default=Limits.body_timeout_s)
+    parser.add_argument(
+        "--prepare-share",
+        type=float,
+        default=Limits.prepare_share,
+        help="the share of the time that parsing, validating and tokenizing requests may take on average "
+        "(0-1; a flood of requests refused at once cannot take more from the step loop)",
+    )
     parser.add_argument("--drain-s", type=float, default=DRAIN_S, help="SIGTERM: how long streams in flight may run on")
     parser.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
@@ -73,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         model: ServedModel | ServedEmbedder = ServedEmbedder(raw, args.config.resolve().parent, args.model_name)
     else:
         model = ServedModel(raw, args.config.resolve().parent)
-    limits = Limits(args.max_body_bytes, args.body_timeout_s)
+    limits = Limits(args.max_body_bytes, args.body_timeout_s, args.prepare_share)
     app = build_app(model, args.model_name, key_of(args), args.sagemaker, limits)
     host = args.host or ("0.0.0.0" if args.sagemaker else "127.0.0.1")
     drain = Drain(args.drain_s)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -51,6 +52,7 @@ from handler.frontend.generation import GenerationResponse
 from handler.frontend.http_errors import Unauthorized, status_error
 from handler.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from handler.frontend.model import ServedModel
+from handler.frontend.preparing import SHARE, PreparationBudget, Preparer
 
 logger = logging.getLogger(__name__)
 GET_ROUTES = tuple(route.name for route in ROUTES if not route.body)  # answered without a body: GET allowed
@@ -60,6 +62,7 @@ GET_ROUTES = tuple(route.name for route in ROUTES if not route.body)  # answered
 class Limits:
     max_body_bytes: int = 6_553_500  # TorchServe's max_request_size default
     body_timeout_s: float = 30.0  # the whole body must arrive within this
+    prepare_share: float = SHARE  # of the time that preparing requests may take (handler/frontend/preparing.py)
 
 
 def json_error(error: ServingError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -98,6 +101,7 @@ def build_app(
     limits: Limits = Limits(),
 ) -> Any:
     metrics = FrontendMetrics()
+    preparer = Preparer(PreparationBudget(limits.prepare_share))
 
     def turned_away(metric_route: str) -> Response:
         """The in-flight bound (TorchServe's own: batchSize + jobQueueSize): a fast 503 with Retry-After."""
@@ -148,7 +152,10 @@ def build_app(
                 raise InvalidRequest("the request has no body", "body")
             return body
 
-        work = await asyncio.to_thread(core.prepare_request, work, route, model_name, read, headers)
+        work = await preparer.run(
+            functools.partial(core.prepare_request, work, route, model_name, read, headers),
+            refused=lambda prepared: prepared.error is not None,
+        )
         return GenerationResponse(bridge, metrics, work, metric_route)
 
     def _check_model(request: Request) -> None:
@@ -210,6 +217,7 @@ def build_app(
         finally:
             if isinstance(model, ServedEmbedder):
                 await model.stop()
+            preparer.close()
             await asyncio.to_thread(model.close)
 
     routes = [

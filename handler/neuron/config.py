@@ -28,6 +28,14 @@ NEURON_CONFIG_KEY = "handler.neuronx.neuron_config"
 # The smallest context bucket: a 1-token prompt's 2-token row must be shorter (handler/backends/neuronx.py).
 MIN_BUCKET = 3
 
+# Why neuronx serves no LoRA adapter: what a configuration with handler.lora and backend neuronx is refused
+# with at config time, and what a request naming an adapter gets from a neuronx model. transformers-neuronx
+# (0.13, its last release) has no multi-LoRA serving; NxD Inference has (modules/lora_serving/), hf has PEFT.
+LORA_REFUSAL = (
+    "backend neuronx serves no LoRA adapters (transformers-neuronx has no multi-LoRA serving): remove "
+    "handler.lora, or use backend nxdi (NxD Inference's multi-LoRA, Neuron SDK 2.27+) or backend hf (PEFT)"
+)
+
 Option = bool | int | float | str
 
 _OWNED = (

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from handler.neuron.config import DeviceSection, Option
@@ -65,7 +65,7 @@ REFUSED_NXDI_OPTIONS: dict[str, str] = {
     "enable_fused_speculation": _STEP,
     "enable_eagle_speculation": _STEP,
     "is_medusa": _STEP,
-    "lora_config": _STEP,
+    "lora_config": f"{_OWNED}: handler.lora (adapters, max_loras, max_lora_rank) and handler.nxdi.dynamic_multi_lora",
 }
 
 
@@ -158,11 +158,30 @@ class NxdiConfig(DeviceSection):
         default=False,
         description="NxDI's NKI context-encoding attention kernel; off: SDK >= 2.29 may pick one Inf2 lacks",
     )
+    dynamic_multi_lora: bool = Field(
+        default=False,
+        description="with handler.lora: NxDI's dynamic multi-LoRA (SDK 2.27+): every adapter is held in host "
+        "memory and only handler.lora.max_loras of them (plus the base) in device memory, swapped in (LRU) when a "
+        "prompt needs one; off: every adapter is compiled into device memory. Needs save_sharded_checkpoint: false "
+        "(NxDI 0.8 re-reads its pre-sharded host copies stacked one level too deep). NxDI 0.8 loads no adapter "
+        "after start either way; with this on an adapter can be unloaded at run time",
+    )
     neuron_config: dict[str, Option] = Field(
         default_factory=dict,
         description="more NxDI NeuronConfig keywords, e.g. {fused_qkv: true}; those the backend owns or cannot "
         "honour fail at config time, keywords the installed NxDI does not know fail at start",
     )
+
+    @model_validator(mode="after")
+    def _dynamic_lora_needs_unsharded_weights(self) -> NxdiConfig:
+        if self.dynamic_multi_lora and self.save_sharded_checkpoint:
+            raise ValueError(
+                "dynamic_multi_lora needs save_sharded_checkpoint: false: NxD Inference 0.8 saves each adapter's "
+                "pre-sharded host copy as the whole stack of every adapter and stacks those again when it loads "
+                "them (lora_checkpoint.py _shard_cpu_weights / _load_rank_checkpoint), so the first swap fails; "
+                "without pre-sharded weights it re-shards the checkpoint and the adapters at load"
+            )
+        return self
 
     @field_validator("context_buckets", "token_buckets")
     @classmethod

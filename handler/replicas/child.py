@@ -57,10 +57,12 @@ def facts_of(backend: Backend) -> ModelFacts:
 class Replica:
     """One model copy's step loop, reporting to the worker over `conn`."""
 
-    def __init__(self, backend: Backend, prefill_token_budget: int, conn: Connection) -> None:
+    def __init__(
+        self, backend: Backend, prefill_token_budget: int, conn: Connection, max_adapters: int | None = None
+    ) -> None:
         self.backend = backend
         self.conn = conn
-        self.engine = StepEngine(backend, prefill_token_budget)
+        self.engine = StepEngine(backend, prefill_token_budget, max_adapters=max_adapters)
         self.engine.on_step = self._report
         self._lock = threading.Lock()  # guards _reported and the sending side of conn
         self._reported: dict[str, tuple[Sequence, int]] = {}  # request id: its sequence, tokens reported
@@ -148,7 +150,7 @@ def run(conn: Connection) -> int:
         logger.exception("replica %d failed to start", spec.index)
         conn.send(StartFailed(describe(exc)))
         return 1
-    replica = Replica(backend, spec.config.scheduler.prefill_token_budget, conn)
+    replica = Replica(backend, spec.config.scheduler.prefill_token_budget, conn, spec.config.max_adapters)
     load_s = time.perf_counter() - started
     logger.info("replica %d ready in %.1f s", spec.index, load_s)
     replica.ready(facts_of(backend), load_s)

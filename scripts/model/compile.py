@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 import yaml
 
+from handler.backends.loader import nxdi_lora
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.neuron.auto import DEVICE_BACKENDS
@@ -63,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> str:
     started = time.perf_counter()
     try:
         config = ServingConfig.from_model_yaml(raw)
-        backend = DeviceBackend(config, args.model_dir.resolve(), gpu_id=None, workers=1)
+        if raw["handler"]["backend"] == "nxdi":  # the adapters are compiled in (relative ones: beside the config)
+            lora = nxdi_lora(config, args.config.resolve().parent)
+            backend = DeviceBackend(config, args.model_dir.resolve(), gpu_id=None, workers=1, lora=lora)
+        else:
+            backend = DeviceBackend(config, args.model_dir.resolve(), gpu_id=None, workers=1)
     except ConfigError as exc:
         raise SystemExit(f"make compile: {exc}") from None
     try:

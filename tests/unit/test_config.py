@@ -51,6 +51,8 @@ def test_defaults_and_immutability():
     assert config.scheduler.prefill_token_budget == 2048
     assert config.micro_batching.micro_batch_size == 1
     assert config.micro_batching.parallelism.inference == 1
+    # a strict schema at OpenAI's documented limits (5,000 properties, 120,000 characters of names) is ~360 KB
+    assert config.handler.grammar.max_constraint_bytes == 512 * 1024
     with pytest.raises(ValidationError):
         config.handler.amp = "bf16"
 
@@ -78,6 +80,8 @@ def test_defaults_and_immutability():
         ({**minimal(), "scheduler": {"prefill_token_budget": 0}}, "scheduler.prefill_token_budget"),
         ({**minimal(), "micro_batching": {"parallelism": {"inferense": 1}}}, "micro_batching.parallelism.inferense"),
         ({**minimal(), "batchSize": 0}, "batchSize must be a positive integer"),
+        (minimal(grammar={"max_constraint_bytes": 100}), "handler.grammar.max_constraint_bytes"),
+        (minimal(grammar={"max_constraint_bytes": "1 MB"}), "handler.grammar.max_constraint_bytes"),
     ],
 )
 def test_bad_config_names_the_key(raw, expected):

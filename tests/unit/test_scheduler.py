@@ -427,3 +427,27 @@ def test_oracle_is_sensitive_to_the_scheduling_rule(profile):
     ours = drive(profile, 8, 1024, timed=requests, make=Overtaking)
     mine_ttft = [ours.first_token[i] - ours.arrival[i] for i in range(len(requests))]
     assert mine_ttft != pytest.approx([s.ttft for s in served], abs=1e-9)
+
+
+# -- LoRA: at most max_adapters distinct adapters run at once ------------------------------------
+def test_a_third_adapter_waits_for_a_place_and_base_rows_pass_it():
+    scheduler: SlotScheduler[str] = SlotScheduler(n_slots=8, prefill_token_budget=10_000, max_adapters=2)
+    scheduler.add("a1", 4, "a1", "A")
+    scheduler.add("b1", 4, "b1", "B")
+    scheduler.add("c1", 4, "c1", "C")  # a third adapter: waits
+    scheduler.add("a2", 4, "a2", "A")  # A is live, but it may not pass the waiting C (no starvation)
+    scheduler.add("base", 4, "base")  # a base row takes no adapter's place: it passes
+    assert [a.request_id for a in scheduler.schedule()] == ["a1", "b1", "base"]
+    assert scheduler.live_adapters == {"A", "B"}
+    rows = [row.adapter_id for row in scheduler.plan(lambda _: 10).decode]
+    assert rows == ["A", "B", None]  # each decode row names its adapter
+    scheduler.finish("b1")  # B's last row ends: C goes next, then A's second row
+    assert [a.request_id for a in scheduler.schedule()] == ["c1", "a2"]
+    assert scheduler.live_adapters == {"A", "C"}
+
+
+def test_without_a_limit_every_adapter_runs_at_once():
+    scheduler: SlotScheduler[str] = SlotScheduler(n_slots=4, prefill_token_budget=10_000)
+    for name in "ABCD":
+        scheduler.add(name, 1, name, name)
+    assert [a.request_id for a in scheduler.schedule()] == list("ABCD")

@@ -124,7 +124,7 @@ def test_decoder_input_details_asks_for_prompt_logprobs():
         ({"grammar": {"type": "regex", "value": ""}}, {}, "grammar.value must be a non-empty regular expression"),
         ({"grammar": "json"}, {}, "grammar must be an object"),
         ({"frequency_penalty": 2.5}, {}, "frequency_penalty must be between -2 and 2"),
-        ({"adapter_id": "x"}, {}, "`adapter_id` is not supported"),
+        ({"adapter_id": "x"}, {}, "the adapter 'x' is not served here (adapters: none)"),
         ({"decoder_input_details": True}, {"stream": True}, "not supported when streaming"),
         ({"temperature": "hot"}, {}, "`temperature`"),
         ({}, {"inputs": " "}, "`inputs` cannot be empty"),

@@ -21,6 +21,12 @@ DLC_PROVIDED = {
     "yaml": "a torchserve dependency",
     "numpy": "a torch dependency",
     "tokenizers": "a transformers dependency",
+    "safetensors": "a transformers dependency",
+}
+# Imported only for an optional feature and never bundled (import name -> why).
+NOT_BUNDLED = {
+    "peft": "LoRA adapters on the hf backend only, imported when one loads (handler/backends/hf_lora.py): pip "
+    "would bundle torch and transformers with it; without it, loading an adapter says to install it",
 }
 NEVER = {"torch", "torch-neuronx", "transformers-neuronx", "torchserve", "torch-model-archiver", "neuronx-cc"}
 # distribution -> the import names it brings (pydantic pins pydantic-core exactly; pip bundles both)
@@ -56,7 +62,7 @@ def test_never_lists_what_the_dlc_builds_for_its_sdk():
 def test_every_handler_import_is_in_the_dlc_or_the_archive_requirements():
     names = [r.name.lower() for r in requirements()]
     listed = set().union(*(IMPORT_NAMES.get(name, {name.replace("-", "_")}) for name in names))
-    missing = third_party_imports() - set(DLC_PROVIDED) - listed
+    missing = third_party_imports() - set(DLC_PROVIDED) - set(NOT_BUNDLED) - listed
     assert not missing, f"add to requirements-archive.txt (or DLC_PROVIDED if the DLC has it): {sorted(missing)}"
 
 

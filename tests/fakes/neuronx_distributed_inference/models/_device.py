@@ -37,6 +37,24 @@ attends, in index order, with their position ids. A token written at the wrong p
 therefore changes every later logit of that line, as overwritten K/V do on a device. The
 model runs in float32 whatever torch_dtype says. A decode whose position is beyond the KV
 cache raises IndexError here (on a device the write would be undefined).
+
+Multi-LoRA (modules/lora_serving/, a model compiled with a lora_config): the device holds each LoRA
+module's (max_loras, ...) weight stacks and one "active" copy per row of LoraServingConfig.batch_size
+(lora_layer.py, lora_model.py `update_lora_tensors`), and really applies them: each targeted
+projection of the Hugging Face model adds x @ lora_A @ lora_B (lora_A already scaled by alpha / r).
+- context encoding (lora_model.py:234-243, lora_layer.py:47-55): the row's adapter index
+  (`adapter_ids`, the program's seventh input) picks a slot of the stacks (index_select), whose
+  weights are copied into the active row of the row's seq_id (DynamicUpdateSlice: a seq_id beyond the
+  active rows is clamped to the last one, XLA's documented semantics, kvcache/utils.py:57-62 links
+  them); the row runs with that active row (get_weight, lora_layer.py:57-63). An index outside
+  0..max_loras-1 raises IndexError here (what a device gather does with it is not documented; torch
+  on CPU raises): an invention of the fake, so a test sees it.
+- token generation (lora_model.py:232-233): the active rows as they are, row i of the batch with
+  active row i (with batch_size 1, every row with active row 0: the einsum broadcasts); the call's
+  adapter_ids are not read. A slot keeps the adapter of its context encoding.
+Each program entry of the trace log then carries `lora`: per row [active row, the label of the
+adapter it ran with] (the label: the adapter index whose weights were copied into that slot of the
+stacks, kept by `lora_slot_labels`; dynamic swaps update it).
 """
 
 from __future__ import annotations
@@ -85,6 +103,11 @@ class TracedModel:
         self.kv_positions: torch.Tensor | None = None
         self.generator = torch.Generator().manual_seed(0)
         self.trace_log: list[dict[str, Any]] = []  # the programs run since the last clear (for the call log)
+        self.lora = spec.get("lora")  # None: compiled without LoRA
+        self.lora_stacks: dict[str, list[torch.Tensor]] = {}  # module -> [lora_A (max_loras, in, r), lora_B]
+        self.lora_slot_labels: list[int | None] = []  # what each slot of the stacks holds (adapter index)
+        self.lora_active: list[tuple[int | None, dict[str, tuple[torch.Tensor, torch.Tensor]]]] = []
+        self._lora_now: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # the row being run
 
     # -- model.pt -------------------------------------------------------------------------
     def save(self, path: str) -> None:
@@ -116,6 +139,8 @@ class TracedModel:
         hf = dict(self.spec["hf_config"])
         config = AutoConfig.for_model(hf.pop("model_type"), **hf)
         model = AutoModelForCausalLM.from_config(config, **FLOAT32)
+        lora_weights = {k: v for k, v in state_dict.items() if ".lora_A." in k or ".lora_B." in k}
+        state_dict = {k: v for k, v in state_dict.items() if k not in lora_weights}
         weights = {("model." + k if not k.startswith("lm_head.") else k): v for k, v in state_dict.items()}
         missing, unexpected = model.load_state_dict(weights, strict=False)
         missing = [name for name in missing if not (name == "lm_head.weight" and config.tie_word_embeddings)]
@@ -127,11 +152,61 @@ class TracedModel:
         if config.tie_word_embeddings:
             model.tie_weights()
         self.hf_model = model.float().eval()
+        self._initialize_lora(lora_weights)
         lines = self.spec["kv_cache_batch_size"]
         length = self.spec["max_length"] + (KV_CACHE_PAD_FOR_SEQ_IDS_MASKING if self.spec["apply_seq_ids_mask"] else 0)
         self.kv_tokens = torch.full((lines, length), -1, dtype=torch.long)
         self.kv_positions = torch.full((lines, length), -1, dtype=torch.long)
         self.generator = torch.Generator().manual_seed(0)
+
+    def _initialize_lora(self, weights: dict[str, torch.Tensor]) -> None:
+        """The LoRA stacks from the state dict, a hook on each targeted projection of the HF model."""
+        if self.lora is None:
+            if weights:
+                raise RuntimeError(f"fake NxD: LoRA weights {sorted(weights)[:3]} for a model compiled without LoRA")
+            return
+        assert self.hf_model is not None
+        for module in self.lora["modules"]:
+            stacks = [weights.get(f"{module}.lora_A.weight"), weights.get(f"{module}.lora_B.weight")]
+            if stacks[0] is None or stacks[1] is None:
+                raise RuntimeError(f"fake NxD: the checkpoint has no LoRA weights for {module} (missing)")
+            self.lora_stacks[module] = [stack.float().clone() for stack in stacks]
+            self.hf_model.get_submodule(f"model.{module}").register_forward_hook(self._lora_hook(module))
+        self.lora_slot_labels = list(self.lora["device_adapters"]) + [None] * (
+            self.lora["max_loras"] - len(self.lora["device_adapters"])
+        )
+        self.lora_active = [(None, {}) for _ in range(self.lora["batch_size"])]  # zeros until a prefill
+
+    def _lora_hook(self, module: str) -> Any:
+        def hook(_: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+            weights = self._lora_now.get(module)
+            return output if weights is None else output + (inputs[0] @ weights[0]) @ weights[1]
+
+        return hook
+
+    def lora_device_weights(self) -> list[dict[str, torch.Tensor]]:
+        """The device's LoRA stacks as NxD's `nxd_model.weights` presents them to a dynamic swap
+        (a list per rank of name -> tensor, written in place); the fake holds one copy for every rank."""
+        names = {}
+        for module, (a, b) in self.lora_stacks.items():
+            names[f"{module}.lora_A.weight"], names[f"{module}.lora_B.weight"] = a, b
+        return [names]
+
+    def _lora_into_active(self, index: int, seq_id: int) -> int:
+        """A context-encoding row: stack slot `index` copied into the active row of `seq_id` (clamped)."""
+        max_loras = self.lora["max_loras"]
+        if not 0 <= index < max_loras:
+            raise IndexError(
+                f"fake NxD: adapter index {index} is outside the {max_loras} LoRA slots (max_loras) "
+                "compiled into the model"
+            )
+        row = min(max(seq_id, 0), len(self.lora_active) - 1)
+        copies = {module: (a[index].clone(), b[index].clone()) for module, (a, b) in self.lora_stacks.items()}
+        self.lora_active[row] = (self.lora_slot_labels[index], copies)
+        return row
+
+    def _active_row(self, row: int) -> int:
+        return row if len(self.lora_active) > 1 else 0
 
     def router(self, inputs: list[torch.Tensor]) -> tuple[str, int]:
         actual_shape = str([list(tensor.shape) for tensor in inputs])
@@ -144,24 +219,34 @@ class TracedModel:
             raise RuntimeError("fake NxD: the model's weights were never initialized (load() did not finish)")
         tag, rank = self.router(list(inputs))
         input_ids, attention_mask, position_ids, seq_ids, sampling_params = inputs[:5]
+        adapter_ids = inputs[6] if len(inputs) > 6 else None
         entry: dict[str, Any] = {
             "tag": tag,
             "bucket": self.spec["programs"][tag][rank]["bucket"],
             "batch_size": int(input_ids.shape[0]),
             "seq_ids": seq_ids.tolist(),
         }
+        if self.lora is not None:
+            entry["lora"] = []
         if input_ids.shape[-1] > 1:
-            out, entry["writes"] = self._context(input_ids, position_ids, seq_ids, sampling_params)
+            out, entry["writes"] = self._context(input_ids, position_ids, seq_ids, sampling_params, adapter_ids, entry)
         else:
             out, entry["writes"] = self._token_generation(
-                input_ids, attention_mask, position_ids, seq_ids, sampling_params
+                input_ids, attention_mask, position_ids, seq_ids, sampling_params, entry
             )
         self.trace_log.append(entry)
         return out
 
     # -- programs -------------------------------------------------------------------------
-    def _context(self, input_ids: torch.Tensor, position_ids: torch.Tensor, seq_ids: torch.Tensor,
-                 sampling_params: torch.Tensor) -> Any:  # fmt: skip
+    def _context(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        seq_ids: torch.Tensor,
+        sampling_params: torch.Tensor,
+        adapter_ids: torch.Tensor | None,
+        entry: dict[str, Any],
+    ) -> Any:
         assert self.kv_tokens is not None and self.kv_positions is not None
         writes = []
         logits = []
@@ -173,14 +258,27 @@ class TracedModel:
             positions = position_ids[row].long()
             bucket = tokens.shape[0]
             index = int(torch.max(positions, dim=0).indices)
-            logits.append(self._logits(tokens[: index + 1].tolist(), positions[: index + 1].tolist()))
+            lora = None
+            if self.lora is not None:
+                assert adapter_ids is not None
+                active = self._lora_into_active(int(adapter_ids[row]), line)
+                lora = self.lora_active[active][1]
+                entry["lora"].append([active, self.lora_active[active][0]])
+            logits.append(self._logits(tokens[: index + 1].tolist(), positions[: index + 1].tolist(), lora))
             self.kv_tokens[line, :bucket] = tokens
             self.kv_positions[line, :bucket] = positions
             writes.append([line % self.kv_tokens.shape[0], 0, bucket])  # [KV line, first position, count]
         return self._head(torch.stack(logits), sampling_params), writes
 
-    def _token_generation(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                          seq_ids: torch.Tensor, sampling_params: torch.Tensor) -> Any:  # fmt: skip
+    def _token_generation(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        seq_ids: torch.Tensor,
+        sampling_params: torch.Tensor,
+        entry: dict[str, Any],
+    ) -> Any:
         assert self.kv_tokens is not None and self.kv_positions is not None
         rows = input_ids.shape[0]
         logits = []
@@ -189,7 +287,12 @@ class TracedModel:
             attended = (attention_mask[line].long() == 1) & (self.kv_tokens[line, :width] >= 0)
             tokens = self.kv_tokens[line, :width][attended].tolist() + [int(input_ids[line, 0])]
             positions = self.kv_positions[line, :width][attended].tolist() + [int(position_ids[line, 0])]
-            logits.append(self._logits(tokens, positions))
+            lora = None
+            if self.lora is not None:
+                active = self._active_row(line)
+                lora = self.lora_active[active][1]
+                entry["lora"].append([active, self.lora_active[active][0]])
+            logits.append(self._logits(tokens, positions, lora))
         writes = []
         for line in range(rows):
             index = int(position_ids[line, 0])
@@ -205,10 +308,16 @@ class TracedModel:
             writes.append([line, index, 1])
         return self._head(torch.stack(logits), sampling_params), writes
 
-    def _logits(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+    def _logits(
+        self, tokens: list[int], positions: list[int], lora: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    ) -> torch.Tensor:
         assert self.hf_model is not None
-        with torch.inference_mode():
-            out = self.hf_model(input_ids=torch.tensor([tokens]), position_ids=torch.tensor([positions])).logits
+        self._lora_now = lora or {}
+        try:
+            with torch.inference_mode():
+                out = self.hf_model(input_ids=torch.tensor([tokens]), position_ids=torch.tensor([positions])).logits
+        finally:
+            self._lora_now = {}
         return out[0, -1, :].float()
 
     def _head(self, logits: torch.Tensor, sampling_params: torch.Tensor) -> Any:

@@ -49,6 +49,7 @@ from neuronx_distributed_inference import _calllog
 from neuronx_distributed_inference.models._device import TracedModel
 from neuronx_distributed_inference.models.config import InferenceConfig, NeuronConfig, to_dict
 from neuronx_distributed_inference.models.model_wrapper import CONTEXT_ENCODING_MODEL_TAG, ModelWrapper
+from neuronx_distributed_inference.modules.lora_serving import LoraModelManager
 
 COMPILED_MODEL_FILE_NAME = "model.pt"
 logger = logging.getLogger("Neuron")
@@ -124,6 +125,8 @@ class NeuronApplicationBase(torch.nn.Module):
         self.is_compiled = is_compiled(model_path)
         self.is_loaded_to_neuron = False
         self._builder: ModelBuilder | None = None
+        if self.neuron_config.lora_config is not None:  # application_base.py:100-101
+            self.lora_model_manager = LoraModelManager(self.neuron_config.lora_config)
 
     @classmethod
     def validate_config(cls, config: InferenceConfig) -> None:
@@ -156,7 +159,7 @@ class NeuronApplicationBase(torch.nn.Module):
                 world_size=self.neuron_config.world_size,
                 start_rank_id=self.neuron_config.start_rank_id,
                 local_ranks_size=self.neuron_config.local_ranks_size,
-                checkpoint_loader=self.checkpoint_loader_fn,
+                checkpoint_loader=self._fake_sharding_loader,
                 compiler_workdir=base_compile_work_dir,
                 debug=debug,
                 num_cores_per_group=self.config.num_cores_per_group,
@@ -173,6 +176,16 @@ class NeuronApplicationBase(torch.nn.Module):
                     priority_model_idx=model.priority_model_idx,
                 )
         return self._builder
+
+    def _fake_sharding_loader(self) -> dict[str, torch.Tensor]:
+        """What NxD shards: the checkpoint, with the LoRA weight stacks added for a LoRA model (NxD's
+        `preprocess_checkpoint` calls `model.update_weights_for_lora(checkpoint)` on a model wrapped
+        with LoRA, neuronx_distributed trace/trace.py:637-638 at v2.28.0; the fake does it in the loader
+        it hands its ModelBuilder)."""
+        state = self.checkpoint_loader_fn()
+        if self.neuron_config.lora_config is not None:
+            state = self.update_weights_for_lora(state)  # type: ignore[attr-defined]  # NeuronBaseForCausalLM's
+        return state
 
     def _save_configs_to_compiler_workdir(self) -> None:
         base_compile_work_dir = self.get_builder().compiler_workdir
@@ -227,7 +240,21 @@ class NeuronApplicationBase(torch.nn.Module):
         if isinstance(hf_config.get("rope_parameters"), dict) and "rope_theta" in hf_config["rope_parameters"]:
             hf_config.pop("rope_theta", None)  # the transformers-5 shim of hf_adapter, undone
         sampling = self.neuron_config.on_device_sampling_config
+        lora_config = self.neuron_config.lora_config
+        lora = None
+        if lora_config is not None:
+            lora = {
+                "max_loras": lora_config.max_loras,
+                "batch_size": lora_config.batch_size,
+                "max_lora_rank": lora_config.max_lora_rank,
+                "dynamic_multi_lora": lora_config.dynamic_multi_lora,
+                "modules": sorted({m.name.rsplit(".", 1)[0] for m in self.fake_lora_modules()}),
+                # the device slots start with the adapters of lora_ckpt_paths, numbered as
+                # LoraModelManager numbers them (lora_model.py:440-446): 0, 1, ...
+                "device_adapters": list(range(len(lora_config.lora_ckpt_paths))),
+            }
         return {
+            "lora": lora,
             "format": "fake neuronx_distributed_inference model.pt",
             "model_class": type(self).__name__,
             "programs": {
@@ -263,7 +290,19 @@ class NeuronApplicationBase(torch.nn.Module):
         if self.neuron_config.skip_sharding or not self.neuron_config.save_sharded_checkpoint:
             return
         self._shard_reason = "compile"
-        self.get_builder(debug).shard_checkpoint(serialize_path=os.path.join(compiled_model_path, "weights/"))
+        sharded_checkpoint_dir = os.path.join(compiled_model_path, "weights/")
+        self.get_builder(debug).shard_checkpoint(serialize_path=sharded_checkpoint_dir)
+        lora_config = self.neuron_config.lora_config
+        if lora_config is not None and lora_config.dynamic_multi_lora:  # application_base.py:256-260
+            checkpoint = self.lora_weight_manager.lora_checkpoint
+            checkpoint.update_weights_for_lora_cpu(self)
+            checkpoint.shard_cpu_checkpoints(
+                self.neuron_config.start_rank_id,
+                self.neuron_config.local_ranks_size,
+                self.neuron_config.tp_degree,
+                self,
+                serialize_path=sharded_checkpoint_dir,
+            )
 
     # -- load ---------------------------------------------------------------------------
     def load(
@@ -326,17 +365,32 @@ class NeuronApplicationBase(torch.nn.Module):
             local_ranks_size = self.neuron_config.local_ranks_size
         if start_rank_id != 0 or local_ranks_size != self.neuron_config.tp_degree:
             raise NotImplementedError("fake NxD Inference: only a single-node load of every tp rank is modelled")
+        lora_config = self.neuron_config.lora_config
+        dynamic = lora_config is not None and lora_config.dynamic_multi_lora
+        lora_cpu_weights: list[dict[str, Any]] = []
         if self.neuron_config.save_sharded_checkpoint:
             shards = [
                 load_file(os.path.join(compiled_model_path, f"weights/tp{rank}_sharded_checkpoint.safetensors"))
                 for rank in range(start_rank_id, start_rank_id + local_ranks_size)
             ]
             source = "presharded"
+            if dynamic:  # application_base.py:400-401
+                lora_cpu_weights = self.lora_model_manager.lora_checkpoint.load_sharded_cpu_checkpoints(
+                    compiled_model_path, start_rank_id, local_ranks_size
+                )
         else:
             self._shard_reason = "load"
             shards = self.get_builder().shard_checkpoint()
             source = "resharded"
+            if dynamic:  # application_base.py:407-411
+                checkpoint = self.lora_weight_manager.lora_checkpoint
+                checkpoint.update_weights_for_lora_cpu(self)
+                lora_cpu_weights = checkpoint.shard_cpu_checkpoints(
+                    start_rank_id, local_ranks_size, self.neuron_config.tp_degree, self
+                )
         self.traced_model.initialize(unshard_checkpoint(shards))
+        if dynamic:  # application_base.py:416-417
+            self.lora_model_manager.init_dynamic_multi_lora(lora_cpu_weights)
         return source
 
     def checkpoint_loader_fn(self, mmap: bool = False) -> dict[str, torch.Tensor]:

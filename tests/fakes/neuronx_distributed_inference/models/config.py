@@ -26,6 +26,9 @@ Same keyword names and defaults as the real classes, re-implemented (no code cop
   platform's (torch_neuronx.utils.get_platform_target(): 2 on trn2/trn3, else 1). Like the
   real one, every NeuronConfig() calls the deprecated module-level get_platform_lnc(),
   which emits a DeprecationWarning.
+- lora_config: a LoraServingConfig (modules/lora_serving/config.py), or a dict turned into one
+  (config.py:355-358, so reloading neuron_config.json re-checks the adapters' folders); with
+  dynamic_multi_lora, ".*lora.*" is added to weights_to_skip_layout_optimization (562-564).
 - OnDeviceSamplingConfig(**kwargs): do_sample False, top_k 1, top_p 1.0, temperature 1.0,
   dynamic False, deterministic False, global_topk 256, top_k_kernel_enabled False,
   sampling_dp_degree 1; unknown keywords are silently ignored (the real one pops known
@@ -51,6 +54,8 @@ from typing import Any, ClassVar
 
 import torch
 from torch_neuronx.utils import get_platform_target
+
+from neuronx_distributed_inference.modules.lora_serving import LoraServingConfig
 
 CONFIG_FILE = "neuron_config.json"
 LONG_CONTEXT_SCRATCHPAD_PAGE_SIZE = 1024
@@ -302,7 +307,11 @@ class NeuronConfig:
                     "Tensor capture requires on device sampling config to be set even if it's just defaults"
                 )
 
+        # Lora (config.py:355-358): a dict is turned into a LoraServingConfig, which re-reads and
+        # re-checks the adapter paths (what a reload of neuron_config.json does too)
         self.lora_config = kwargs.pop("lora_config", None)
+        if type(self.lora_config) is dict:
+            self.lora_config = LoraServingConfig(**self.lora_config)
 
         # Distributed config
         self.tp_degree = kwargs.pop("tp_degree", 1)
@@ -459,6 +468,8 @@ class NeuronConfig:
         self.target = kwargs.pop("target", None)
         self.enable_spill_reload_dge = kwargs.pop("enable_spill_reload_dge", False)
         self.weights_to_skip_layout_optimization = kwargs.pop("weights_to_skip_layout_optimization", [])
+        if self.lora_config and self.lora_config.dynamic_multi_lora:  # config.py:562-564
+            self.weights_to_skip_layout_optimization.append(r".*lora.*")
         self.dma_order_config = kwargs.pop("dma_order_config", None)
         if self.quantized:
             assert self.quantized_checkpoints_path is not None, "quantized_checkpoints_path is required"

@@ -27,9 +27,18 @@ note that seq_ids is the second positional parameter: pass everything by keyword
   (and `.hidden_states`) are the int32 tokens, shape (rows,); with output_logits too,
   `.tokens` and `.logits` (rows, 1, vocab padded to tp_degree), `.hidden_states` [].
 
+With a lora_config (modules/lora_serving/): the LoRA modules are injected at construction
+(model_base.py:127-129; the fake computes them, lora_model.fake_lora_modules, and raises the
+injection's errors there, where the real one raises when the traced model is built);
+`update_weights_for_lora` adds the LoRA weights to what NxD shards (1637-1638); forward passes
+`adapter_ids` (adapter indices, one per row) to both programs, and with dynamic_multi_lora a
+context encoding first swaps the rows' adapters into device memory and turns the indices into
+device positions (3388-3396). The call log's forward lines then carry `adapter_ids` (as given, None
+when omitted) and, after a swap, `adapter_positions`.
+
 Fake limitations (NotImplementedError at construction): anything but continuous batching
 with right padding, ctx/tkg/max/kv-cache batch sizes other than batch_size (ctx_batch_size
-apart), async mode, speculation, Medusa, prefix caching / block KV, chunked prefill, LoRA,
+apart), async mode, speculation, Medusa, prefix caching / block KV, chunked prefill,
 attention DP / CP, flash decoding, windowed context encoding, batch bucketing, tensor
 capture/replacement, output_logits without on-device sampling; a call with more decode rows
 than tkg_batch_size.
@@ -66,6 +75,11 @@ from neuronx_distributed_inference.modules.generation.sampling import (
     prepare_sampling_params,
     validate_sampling_params,
 )
+from neuronx_distributed_inference.modules.lora_serving.lora_model import (
+    FakeLoraModule,
+    LoraWeightManager,
+    fake_lora_modules,
+)
 
 
 class NeuronBaseModel(torch.nn.Module):
@@ -98,6 +112,11 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         if self.neuron_config.is_chunked_prefill:
             raise NotImplementedError("Chunked Prefill is not available in NxDI for now")
         self._fake_check_supported()
+        self._lora_modules: list[FakeLoraModule] = []
+        lora_config = self.neuron_config.lora_config
+        if lora_config is not None:  # model_base.py:127-129: NeuronBaseModel wraps itself with LoRA
+            self._lora_modules = fake_lora_modules(self.config, lora_config)
+            self.lora_weight_manager = LoraWeightManager(lora_config, self)
         self.enable_context_encoding()
         self.enable_token_generation()
         self._fake_decode_steps: dict[int, int] = {}
@@ -121,7 +140,6 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             "speculation": nc.speculation_length > 0 or nc.enable_fused_speculation or nc.medusa_speculation_length > 0,
             "is_medusa": nc.is_medusa,
             "prefix caching / block KV": nc.is_prefix_caching or nc.is_block_kv_layout,
-            "lora_config": nc.lora_config is not None,
             "attention_dp_degree / cp_degree > 1": nc.attention_dp_degree > 1 or nc.cp_degree > 1,
             "flash_decoding_enabled": nc.flash_decoding_enabled,
             "windowed_context_encoding_size": nc.windowed_context_encoding_size is not None,
@@ -135,6 +153,14 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             raise NotImplementedError(
                 f"fake NxD Inference models continuous batching with right padding only; not modelled: {wanted}"
             )
+
+    def fake_lora_modules(self) -> list[FakeLoraModule]:
+        """The LoRA modules NxDI injected (lora_model.py `inject_adapter`); [] without LoRA."""
+        return self._lora_modules
+
+    def update_weights_for_lora(self, model_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """model_base.py:1637-1638."""
+        return self.lora_weight_manager.lora_checkpoint.update_weights_for_lora(self, model_sd)
 
     def get_model_wrapper_cls(self) -> type[ModelWrapper]:
         return ModelWrapper
@@ -224,6 +250,19 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         if inputs_embeds is not None or llava_args or medusa_args is not None or slot_mapping is not None:
             raise NotImplementedError("fake NxD Inference: inputs_embeds / llava / medusa / block KV inputs")
         caller_seq_ids = None if seq_ids is None else seq_ids.reshape(-1).tolist()
+        caller_adapter_ids = None if adapter_ids is None else adapter_ids.reshape(-1).tolist()
+        adapter_positions = None
+        lora_config = self.neuron_config.lora_config
+        is_context_encoding = input_ids.shape[-1] > 1 and not position_ids.min().item()
+        if lora_config and lora_config.dynamic_multi_lora and is_context_encoding:  # model_base.py:3388-3396
+            traced = self.traced_model
+            assert traced is not None
+            adapter_ids = self.lora_model_manager.dynamic_update_weights_for_lora(
+                traced.lora_device_weights(), adapter_ids
+            )
+            adapter_positions = adapter_ids.tolist()
+            for adapter, position in zip(caller_adapter_ids or [], adapter_positions, strict=True):
+                traced.lora_slot_labels[position] = adapter  # what the swap put there
         input_ids, attention_mask, position_ids, seq_ids, sampling_params = self.preprocess_inputs(
             input_ids=input_ids,
             seq_ids=seq_ids,
@@ -238,7 +277,16 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         outputs, _ = self._get_model_outputs(
             input_ids, attention_mask, position_ids, seq_ids, sampling_params, prev_hidden, adapter_ids
         )
-        self._fake_log_forward(prefill, input_ids, position_ids, seq_ids, caller_seq_ids, sampling_params)
+        self._fake_log_forward(
+            prefill,
+            input_ids,
+            position_ids,
+            seq_ids,
+            caller_seq_ids,
+            sampling_params,
+            caller_adapter_ids,
+            adapter_positions,
+        )
         if self.on_device_sampling and self.neuron_config.output_logits:
             return self._construct_output_with_tokens_and_logits(next_tokens=outputs[0], logits=outputs[1])
         return self._construct_output(outputs)
@@ -320,6 +368,8 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         seq_ids: torch.Tensor,
         caller_seq_ids: list[int] | None,
         sampling_params: torch.Tensor,
+        caller_adapter_ids: list[int] | None = None,
+        adapter_positions: list[int] | None = None,
     ) -> None:
         traced = self.traced_model
         programs = list(traced.trace_log) if traced is not None else []
@@ -334,6 +384,10 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             "vocab_padded": self.vocab_size + (-self.vocab_size) % self.neuron_config.tp_degree,
             "programs": programs,
         }
+        if self.neuron_config.lora_config is not None:
+            fields["adapter_ids"] = caller_adapter_ids
+            if adapter_positions is not None:
+                fields["adapter_positions"] = adapter_positions
         if prefill:
             for slot in given:
                 self._fake_decode_steps[slot] = 0

@@ -22,7 +22,10 @@ Per call, in the real order (`forward`):
    and reordered the same way; with apply_seq_ids_mask the appended seq_ids become -1. The
    output rows are then picked with index_select(out, 0, seq_ids): the caller's order.
 
-The compiled program itself (shape routing, KV cache, attention, sampling) is the fake's
+Tracing a LoRA model's token generation (lora_config set) fails when LoraServingConfig.batch_size is
+neither 1 nor the batch (the einsum of lora_layer.py:68-71, RuntimeError as torch raises it).
+
+The compiled program itself (shape routing, KV cache, attention, sampling, LoRA) is the fake's
 device, models/_device.py.
 """
 
@@ -58,6 +61,16 @@ class _TraceableInstance:
             # modules/kvcache/kv_cache_manager.py update_cache: the context-encoding cache write of continuous
             # batching takes one seq_id; the example has ctx_batch_size of them
             assert seq_ids.dim() == 1 and seq_ids.shape[0] == 1, "only supports single seq_id"
+        lora_config = neuron_config.lora_config
+        if lora_config is not None and self.wrapper.tag == TOKEN_GENERATION_MODEL_TAG:
+            # lora_layer.py _einsum_forward ("bij,bjk->bik", 68-71): token generation multiplies the batch
+            # by the (batch_size, ...) active LoRA rows; torch broadcasts a batch_size of 1, refuses others
+            active, batch = lora_config.batch_size, input_ids.shape[0]
+            if active not in (1, batch):
+                raise RuntimeError(
+                    f"einsum(): subscript b has size {active} for operand 1 which does not broadcast with "
+                    f"previously seen size {batch}"
+                )
 
 
 class ModelWrapper(torch.nn.Module):
