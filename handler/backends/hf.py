@@ -40,7 +40,7 @@ from handler.backends.host_sampling import HostSampling
 from handler.backends.kv_cache import AppendCache, ForwardKwargs, LayerKV, layers_of, stack, truncate, unpad_row
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import HandlerConfig
-from handler.request import DecodeRow, GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
+from handler.request import GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
 from handler.sampling.logprobs import prompt_logprobs
 
 if TYPE_CHECKING:
@@ -136,18 +136,9 @@ class HFBackend(Backend):
             raise ValueError(f"LoRA adapter {name!r} is in use by slots {users}; release them first")
         self.adapters.unload(name)
 
-    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
-        """`decode`'s one token per row; each row runs with its slot's adapter (the one it was
-        prefilled with), which the row must name."""
-        for row in rows:
-            state = self._slots.get(row.slot)
-            if state is not None and row.adapter_id != state.adapter:
-                raise SlotRequestError(
-                    row.slot,
-                    f"slot {row.slot} runs with LoRA adapter {state.adapter!r}, the step names {row.adapter_id!r}",
-                    "model",
-                )
-        return [[choice] for choice in self.decode([row.slot for row in rows])]
+    def slot_adapter(self, slot: int) -> str | None:
+        state = self._slots.get(slot)
+        return None if state is None else state.adapter
 
     def prefill(self, requests: Sequence[SlotRequest]) -> list[TokenChoice]:
         """Each request alone (batch 1, no padding). All or nothing: if one fails, none of

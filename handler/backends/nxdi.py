@@ -89,7 +89,6 @@ from handler.neuron.environment import child_environment
 from handler.neuron.lora import AdapterIndex, LoraSettings, NxdiLoraLayout
 from handler.neuron.nxdi_config import NXDI_OPTIONS_KEY, NxdiConfig, device_sampling_refusal, device_sampling_row
 from handler.request import (
-    DecodeRow,
     GenerationRequest,
     SamplingParams,
     SlotRequest,
@@ -569,21 +568,10 @@ class NxdiBackend(SlotDeviceBackend):
         input_ids[0, 0] = prompt[0]
         return input_ids, torch.zeros((1, length), dtype=torch.long), torch.ones((1, 1), dtype=torch.long)
 
-    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
-        """One token per row; each row runs with the adapter its prefill bound to its slot (NxDI's
-        token generation reads the slot's active LoRA weights, whatever the call's adapter_ids say),
-        so a row naming another one fails alone rather than run with the wrong adapter."""
-        for row in rows:
-            state = self._live.get(row.slot)
-            bound = getattr(state, "adapter", None)
-            if state is not None and row.adapter_id != bound:
-                raise SlotRequestError(
-                    row.slot,
-                    f"the decode row names LoRA adapter {row.adapter_id!r} but slot {row.slot} was prefilled with "
-                    f"{bound!r} (nxdi binds a slot's adapter at its prefill)",
-                    "model",
-                )
-        return [[choice] for choice in self.decode([row.slot for row in rows])]
+    def slot_adapter(self, slot: int) -> str | None:
+        """NxDI's token generation reads the slot's active LoRA weights, bound at its prefill,
+        whatever a call's adapter_ids say."""
+        return getattr(self._live.get(slot), "adapter", None)
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         slots = list(slots)

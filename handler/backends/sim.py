@@ -66,7 +66,7 @@ from handler.errors import ConfigError
 from handler.lora.adapters import AdapterSpec
 from handler.neuron.lora import llama_lora_shapes, read_config_json
 from handler.neuron.memory import Layout
-from handler.request import DecodeRow, GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
+from handler.request import GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -365,18 +365,9 @@ class SimBackend(Backend):
                 )
         return self.model.prefill(requests)
 
-    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
-        """One token per row, each with the adapter of its prefill (a row naming another fails alone)."""
-        for row in rows:
-            slot = self.model.slots.get(row.slot)
-            if slot is not None and slot.request.adapter_id != row.adapter_id:
-                raise SlotRequestError(
-                    row.slot,
-                    f"the decode row names LoRA adapter {row.adapter_id!r} but the slot was prefilled with "
-                    f"{slot.request.adapter_id!r}",
-                    "model",
-                )
-        return [[choice] for choice in self.decode([row.slot for row in rows])]
+    def slot_adapter(self, slot: int) -> str | None:
+        held = self.model.slots.get(slot)
+        return None if held is None else held.request.adapter_id
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         return self.model.decode(slots)
