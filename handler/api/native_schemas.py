@@ -16,7 +16,7 @@ class GenerationParameters(Lenient):
     max_new_tokens: StrictInt | None = None
     do_sample: StrictBool | None = None
     temperature: StrictFloat | StrictInt | None = None
-    top_k: StrictInt | None = Field(default=None, ge=0)
+    top_k: StrictInt | None = Field(default=None, ge=0, lt=2**31)  # an int32 on every sampler
     top_p: StrictFloat | StrictInt | None = Field(default=None, gt=0, le=1)
     repetition_penalty: StrictFloat | StrictInt | None = Field(default=None, gt=0)
     stop: StrictStr | list[StrictStr] | None = None

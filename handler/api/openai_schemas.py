@@ -58,7 +58,7 @@ class _Common(Lenient):
     logit_bias: dict[StrictStr, Number] | None = None
     response_format: ResponseFormat | None = None
     # vLLM's extensions, which OpenAI clients send through `extra_body`.
-    top_k: StrictInt | None = Field(default=None, ge=-1)
+    top_k: StrictInt | None = Field(default=None, ge=-1, lt=2**31)  # an int32 on every sampler
     repetition_penalty: Number | None = Field(default=None, gt=0)
     min_tokens: StrictInt | None = Field(default=None, ge=0)
     stop_token_ids: list[StrictInt] | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from handler.api.common import Lenient
 
@@ -33,7 +33,7 @@ class TgiParameters(Lenient):
     seed: StrictInt | None = None
     stop: StrictStr | list[StrictStr] | None = None
     temperature: Number | None = None
-    top_k: StrictInt | None = None
+    top_k: StrictInt | None = Field(default=None, lt=2**31)  # an int32 on every sampler
     top_n_tokens: StrictInt | None = None
     top_p: Number | None = None
     truncate: StrictInt | None = None
