@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from handler.errors import ConfigError
+from handler.lora import ADAPTER_NAME
 from handler.neuron.config import NeuronxConfig
 from handler.neuron.nxdi_config import NxdiConfig
 
@@ -137,9 +138,6 @@ class GrammarConfig(_Section):
         "receipt, before any compile. 512 KiB holds a strict schema at OpenAI's documented limits (5,000 "
         "properties, 120,000 characters of names and enum values: about 360 KB) with room for descriptions",
     )
-
-
-ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 class LoraConfig(_Section):
@@ -332,6 +330,13 @@ class ServingConfig(BaseModel):
     def max_adapters(self) -> int | None:
         """Distinct LoRA adapters one step may run (None: no adapters configured, no limit needed)."""
         return None if self.handler.lora is None else self.handler.lora.max_loras
+
+    def with_adapters(self, adapters: dict[str, str]) -> ServingConfig:
+        """The same config serving these LoRA adapters (what a replica restarted after run-time loads
+        and unloads starts with)."""
+        lora = self.handler.lora if self.handler.lora is not None else LoraConfig()
+        handler = self.handler.model_copy(update={"lora": lora.model_copy(update={"adapters": dict(adapters)})})
+        return self.model_copy(update={"handler": handler})
 
     @property
     def grammar_cache_bytes(self) -> int:

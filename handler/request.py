@@ -137,6 +137,15 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class AdapterChange:
+    """A LoRA adapter loaded (from `path`, as the request gave it) or, with `path` None, unloaded
+    while serving (handler.lora.runtime_updates)."""
+
+    name: str
+    path: str | None
+
+
+@dataclass(frozen=True)
 class PromptTokenLogprob:
     """One prompt token's logprob given the tokens before it (None for the first token, which
     has nothing before it), with the `logprobs` most likely alternatives at that position.

@@ -38,6 +38,13 @@
 #                            chat stream's time and largest gap beside 4 clients sending distinct 0.9 MB schemas / alone;
 #                            bench_results/bench-hostile.json (a few minutes; not in make bench)
 # make bench-hostile HOSTILE_ARGS="--frontend asgi --only schema --schema-bytes 2000000"   one frontend, one measurement
+# make bench-lora            (also the last stage of make bench; BENCH_LORA=0 leaves it out there)
+#                            the default model on CPU (REAL_MODEL_DIR, MODEL_CONFIG copied: 8 slots, cpu_threads 1) with
+#                            4 seeded LoRA adapters (rank 8, q_proj,v_proj) in one torchserve (issue 43): P15 = tok/s of
+#                            8 streams on 4 adapters mixed / the same load on the base (base, adapters, base; goal >= 0.8),
+#                            and the hf decode step in-process, 8 base rows vs 4 adapters x 2 rows (and the bare model);
+#                            its files under build/bench-lora/; bench_results/bench-lora.json (about 3 min on 2 cores)
+# make bench-lora LORA_BENCH_ARGS="--requests-per-client 8 --repeats 2 --rank 16 --targets q_proj,k_proj,v_proj,o_proj"
 BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
 BENCH_LONG ?=
@@ -47,15 +54,18 @@ MEMORY_ARGS ?=
 EMBED_BENCH_ARGS ?=
 FRONTEND_BENCH_ARGS ?=
 HOSTILE_ARGS ?=
-# make bench ends with bench-embed (P13); 0 leaves it out.
+LORA_BENCH_ARGS ?=
+# make bench ends with bench-embed (P13) and bench-lora (P15); 0 leaves each out.
 BENCH_EMBED ?= 1
+BENCH_LORA ?= 1
 
-.PHONY: bench bench-isolation bench-memory bench-embed bench-frontends bench-hostile
+.PHONY: bench bench-isolation bench-memory bench-embed bench-frontends bench-hostile bench-lora
 
 bench: venv model
 	$(PY) -m scripts.bench.suite --backend $(BACKEND) --profile $(BENCH_PROFILE) \
 		--model-dir $(if $(filter hf,$(BACKEND)),$(REAL_MODEL_DIR),$(TINY_MODEL_DIR)) --workdir $(BUILD)/bench $(if $(BENCH_LONG),--long) $(BENCH_ARGS)
 	$(if $(filter 1,$(BENCH_EMBED)),$(MAKE) --no-print-directory bench-embed)
+	$(if $(filter 1,$(BENCH_LORA)),$(MAKE) --no-print-directory bench-lora)
 
 bench-isolation: venv model
 	$(PY) -m scripts.bench.isolation --model-dir $(TINY_MODEL_DIR) --workdir $(BUILD)/bench-isolation $(ISOLATION_ARGS)
@@ -72,3 +82,7 @@ bench-frontends: venv model
 bench-hostile: venv model
 	$(PY) -m scripts.bench.hostile --model-dir $(MODEL_DIR) --model-config $(MODEL_CONFIG) \
 		--workdir $(BUILD)/bench-hostile --out bench_results/bench-hostile.json $(HOSTILE_ARGS)
+
+bench-lora: venv model
+	$(PY) -m scripts.bench.lora --model-dir $(REAL_MODEL_DIR) --model-config $(MODEL_CONFIG) \
+		--workdir $(BUILD)/bench-lora --out bench_results/bench-lora.json $(LORA_BENCH_ARGS)

@@ -11,11 +11,12 @@ from typing import Any
 
 from handler.engine.sequence import Sequence
 from handler.errors import ServingError, to_http
-from handler.request import GenerationRequest, Limits
+from handler.request import AdapterChange, GenerationRequest, Limits
 
 
 class Api(ABC):
     name: str
+    changes_adapters = False  # a run-time LoRA route: `adapter_change` says what it changes
 
     @abstractmethod
     def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
@@ -35,6 +36,14 @@ class Api(ABC):
         listing, which names the adapters `limits` allows); None (the default) to parse the body and
         generate."""
         return None
+
+    def adapter_change(self, body: Any) -> AdapterChange | None:
+        """What a route that `changes_adapters` loads or unloads (handler/api/lora_admin.py)."""
+        return None
+
+    def answer(self, change: AdapterChange) -> str:
+        """The response body once `adapter_change`'s change is applied."""
+        raise NotImplementedError(f"{self.name} changes no adapter")
 
     @abstractmethod
     def content_type(self, request: GenerationRequest) -> str: ...

@@ -246,4 +246,6 @@ def named_adapter(name: str | None, limits: Limits, param: str) -> str | None:
     if name is None or name in limits.adapters:
         return name
     known = ", ".join(sorted(limits.adapters)) or "none"
-    raise InvalidRequest(f"the adapter '{printable(name)[:100]}' is not served here (adapters: {known})", param)
+    raise InvalidRequest(
+        f"'{param}': the adapter '{printable(name)[:100]}' is not served here (adapters: {known})", param
+    )

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from handler.api.base import Api
 from handler.api.embeddings import EmbeddingApi, OpenAIEmbeddingsApi
+from handler.api.lora_admin import AdapterAdminApi
 from handler.api.openai import ChatCompletionsApi, CompletionsApi, ModelsApi
 from handler.api.tgi import TgiApi
 from handler.api.tool_parsers import DEFAULT_TOOL_PARSER
@@ -55,6 +56,7 @@ class Route:
     body: bool = True  # False: answered without reading a body (GET allowed)
     tasks: frozenset[Task] = GENERATE  # the archives (handler.task) that serve it
     with_id: bool = False
+    generates: bool = True  # False: a route that changes or lists what is served (admin routes, v1/models)
     metric: str = ""  # the route label of the ASGI frontend's metrics; the name when empty
 
     @property
@@ -90,6 +92,17 @@ ROUTES: tuple[Route, ...] = (
         body=False,
         tasks=GENERATE | EMBED,
         with_id=True,
+        generates=False,
+    ),
+    # vLLM's run-time LoRA routes: 404 unless handler.lora.runtime_updates (handler/core/adapter_updates.py)
+    Route("v1/load_lora_adapter", ("/v1/load_lora_adapter",), AdapterAdminApi, takes=("model_name",), generates=False),
+    Route(
+        "v1/unload_lora_adapter",
+        ("/v1/unload_lora_adapter",),
+        AdapterAdminApi,
+        takes=("model_name",),
+        options={"unload": True},
+        generates=False,
     ),
     Route(
         "v1/embeddings",

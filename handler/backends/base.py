@@ -103,6 +103,12 @@ class Backend(ABC):
         """Forget the adapter; no live row names it (the engine waits for its last one)."""
         raise NotImplementedError(f"the {getattr(self, 'name', 'model')} backend serves no adapters")
 
+    def runtime_adapter_refusal(self, unload: bool) -> str | None:
+        """Why this backend cannot load (`unload`: unload) a LoRA adapter while it serves; None: it can."""
+        if self.lora_shapes() is None:
+            return f"the {getattr(self, 'name', 'model')} backend serves no LoRA adapters"
+        return None
+
     def slot_adapter(self, slot: int) -> str | None:
         """The LoRA adapter the slot's prefill bound it to (None: the base model; a backend that
         serves no adapters never binds one)."""

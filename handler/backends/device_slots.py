@@ -23,7 +23,7 @@ from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtyp
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import ServingConfig
 from handler.errors import ConfigError
-from handler.neuron.memory import Layout
+from handler.neuron.memory import Layout, LoraLayout
 from handler.request import GenerationRequest, SlotRequest
 
 
@@ -151,6 +151,7 @@ class SlotDeviceBackend(DeviceBackend, Backend):
                 amp_dtype(self.amp),
                 gqa=self._gqa(),
                 sdk=self.name,
+                lora=self._lora_memory(),
             )
             check_memory_fit(self.name, checkpoint, layout)
         self._live = LiveSlots(self.name, self.n_slots, self.n_positions, self.decode_trap)
@@ -167,6 +168,10 @@ class SlotDeviceBackend(DeviceBackend, Backend):
 
     def _gqa(self) -> str | None:
         """The SDK's group-query-attention sharding (for the memory check); None: its default."""
+        return None
+
+    def _lora_memory(self) -> LoraLayout | None:
+        """The LoRA adapters the SDK keeps in device memory (for the memory check); None: none."""
         return None
 
     def _checked_buckets(self, configured: list[int] | None, key: str) -> list[int]:

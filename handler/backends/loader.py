@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from handler.backends.base import Backend
 from handler.config import ServingConfig
 from handler.errors import ConfigError
-from handler.lora.adapters import AdapterError, read_adapter
+from handler.lora.adapters import AdapterError, install_adapter
 from handler.neuron.auto import choose_backend, choose_encoder_backend
 from handler.neuron.lora import LoraSettings
 
@@ -60,18 +60,16 @@ def _install_adapters(backend: Backend, config: ServingConfig, model_dir: str | 
     lora = config.handler.lora
     if lora is None or not lora.adapters:
         return
-    shapes = backend.lora_shapes()
-    if shapes is None:
+    if backend.lora_shapes() is None:
         raise ConfigError(
             f"model-config.yaml: handler.lora: the {backend.name} backend serves no LoRA adapters; use backend "
             "nxdi or hf"
         )
     for name, path in config.handler.adapter_paths(model_dir or ".").items():
         try:
-            spec = read_adapter(name, path, lora.max_lora_rank, shapes)
+            spec = install_adapter(backend, name, path, lora.max_lora_rank)
         except AdapterError as exc:
             raise ConfigError(f"model-config.yaml: handler.lora.adapters.{name}: {exc}") from exc
-        backend.load_adapter(spec)
         logger.info(
             "LoRA adapter %s loaded (rank %d, %s) from %s", name, spec.rank, ", ".join(spec.target_modules), path
         )

@@ -79,6 +79,7 @@ import torch
 
 from handler.backends.device_backend import compiler_version, package_version
 from handler.backends.device_slots import LiveSlot, SlotDeviceBackend
+from handler.backends.memory_fit import nxdi_lora_layout
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.lora.adapters import AdapterError, AdapterSpec, read_adapter
@@ -87,6 +88,7 @@ from handler.neuron import lora as nxdi_lora
 from handler.neuron.checkpoint_identity import STATS_KEY, checkpoint_identity
 from handler.neuron.environment import child_environment
 from handler.neuron.lora import AdapterIndex, LoraSettings, NxdiLoraLayout
+from handler.neuron.memory import LoraLayout
 from handler.neuron.nxdi_config import NXDI_OPTIONS_KEY, NxdiConfig, device_sampling_refusal, device_sampling_row
 from handler.request import (
     GenerationRequest,
@@ -517,6 +519,25 @@ class NxdiBackend(SlotDeviceBackend):
         self._adapters.forget(name)
         self.adapter_specs.pop(name, None)
         logger.info("nxdi: LoRA adapter %r (index %d) unloaded", name, index)
+
+    def _lora_memory(self) -> LoraLayout | None:
+        """Its adapters' device memory, for the memory check (`lora_settings` is set before it runs)."""
+        return nxdi_lora_layout(self.lora_settings, self.settings.dynamic_multi_lora)
+
+    def runtime_adapter_refusal(self, unload: bool) -> str | None:
+        if self.lora_layout is None:
+            return "backend nxdi was started without LoRA adapters (handler.lora.adapters): it serves none"
+        if not unload:
+            return (
+                "backend nxdi loads no LoRA adapter at run time: NxD Inference 0.8 serves only the adapters it was "
+                "started with (LoraModelManager.add_adapter does nothing); add it to handler.lora.adapters and restart"
+            )
+        if not self.settings.dynamic_multi_lora:
+            return (
+                "backend nxdi unloads LoRA adapters only with handler.nxdi.dynamic_multi_lora: without it every "
+                "adapter is compiled into device memory"
+            )
+        return None
 
     def _adapter_index(self, slot: int, adapter: str | None) -> int:
         if adapter is None:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from handler.core.adapter_updates import AdapterUpdates
 from handler.core.preparation import GenerationCore, Work
 from handler.core.response import News
 from handler.engine.interface import Engine
@@ -98,14 +99,18 @@ class EngineClient:
         settings, handler = core.config.scheduler, core.config.handler
         backend = core.backend
         if isinstance(backend, ReplicatedModel):
-            return cls(core, backend.replicas, handler.step_timeout_s, backend.replicas, handler.max_queue_wait_s)
-        engine = StepEngine(
-            backend,
-            settings.prefill_token_budget,
-            admission_wait=settings.admission_wait,
-            max_adapters=core.config.max_adapters,
-        )
-        return cls(core, engine, handler.step_timeout_s, max_queue_wait_s=handler.max_queue_wait_s)
+            client = cls(core, backend.replicas, handler.step_timeout_s, backend.replicas, handler.max_queue_wait_s)
+        else:
+            engine = StepEngine(
+                backend,
+                settings.prefill_token_budget,
+                admission_wait=settings.admission_wait,
+                max_adapters=core.config.max_adapters,
+            )
+            client = cls(core, engine, handler.step_timeout_s, max_queue_wait_s=handler.max_queue_wait_s)
+        if handler.lora is not None and handler.lora.runtime_updates:
+            core.adapter_updates = AdapterUpdates(core, client.engine, core.model_dir, handler.step_timeout_s)
+        return client
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property

@@ -21,6 +21,7 @@ from handler.api.json_tree import printable
 from handler.backends.base import Backend
 from handler.backends.loader import load_backend
 from handler.config import ServingConfig
+from handler.core.adapter_updates import AdapterUpdates
 from handler.core.request_checks import (
     check_body_headers,
     check_constraint_size,
@@ -28,7 +29,7 @@ from handler.core.request_checks import (
     longest_token_chars,
 )
 from handler.engine.sequence import Sequence
-from handler.errors import EngineError, InvalidRequest, ServiceUnavailable, ServingError
+from handler.errors import EngineError, InvalidRequest, NotFound, ServiceUnavailable, ServingError
 from handler.grammar import matchers
 from handler.grammar.compiler import ConstraintCompiler, PendingConstraint
 from handler.replicas.model import ReplicatedModel, start_replicas
@@ -63,9 +64,13 @@ class GenerationCore:
     Changing its truncation or padding while another thread uses it is not safe, and nothing
     here does (tests/unit/test_tokenizer_threads.py checks both)."""
 
-    def __init__(self, config: ServingConfig, backend: Backend | ReplicatedModel) -> None:
+    def __init__(self, config: ServingConfig, backend: Backend | ReplicatedModel, model_dir: str | None = None) -> None:
         self.config = config
         self.backend = backend
+        self.model_dir = model_dir  # where relative paths point (the archive)
+        # Run-time LoRA loads and unloads (handler.lora.runtime_updates): set by the engine client
+        # that serves this core, which owns the engine they change.
+        self.adapter_updates: AdapterUpdates | None = None
         handler = config.handler
         self.limits = Limits(
             handler.default_max_new_tokens,
@@ -115,6 +120,9 @@ class GenerationCore:
             if work.reply is not None:
                 return work
             body = decode_body(read_body(), depth) if body is None else body
+            if work.api.changes_adapters:
+                work.reply = self._change_adapter(work.api, body)
+                return work
             request = work.api.parse(body, self.limits, self.backend.tokenizer)
             if work.one_reply and request.stream:  # the transport would drop it after its first chunk
                 request = dataclasses.replace(request, stream=False)
@@ -187,6 +195,17 @@ class GenerationCore:
         except (TypeError, ValueError, UnicodeError) as exc:
             param = api.wire_name("prompt")
             raise InvalidRequest(f"'{param}' cannot be tokenized: {printable(str(exc))[:200]}", param) from None
+
+    def _change_adapter(self, api: Api, body: Any) -> str:
+        """A run-time LoRA load or unload (handler/core/adapter_updates.py), answered when applied."""
+        if self.adapter_updates is None:
+            raise NotFound(
+                "run-time LoRA adapter updates are off here (set handler.lora.runtime_updates: true)", "url_path"
+            )
+        change = api.adapter_change(body)
+        assert change is not None
+        self.adapter_updates.apply(change)
+        return api.answer(change)
 
     def _check_logprobs(self, request: GenerationRequest, api: Api) -> None:
         """The one place a backend's logprob capability is checked (sim has no logits; neuronx has the

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from pathlib import Path
 from typing import Protocol
 
 from handler.engine.outbox import Update
@@ -38,6 +40,14 @@ class Engine(Protocol):
     def abort(self, request_id: str) -> None: ...
 
     def admissions_done(self) -> None: ...
+
+    def load_adapter(self, name: str, path: Path, max_rank: int) -> Future[None]:
+        """Check and load a LoRA adapter between steps (on every replica); the future says how it went."""
+        ...
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget a LoRA adapter once no sequence names it (on every replica)."""
+        ...
 
     def fail_all(self, error: ServingError) -> None: ...
 

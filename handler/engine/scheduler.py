@@ -90,6 +90,10 @@ class SlotScheduler(Generic[T]):
     def live_adapters(self) -> set[str]:
         return set(self._adapter_of.values())
 
+    def uses_adapter(self, name: str) -> bool:
+        """A sequence, running or waiting, names the adapter."""
+        return name in self._adapter_of.values() or any(waiting.adapter == name for waiting in self._waiting)
+
     def schedule(self) -> list[Admission[T]]:
         """Admit waiting sequences into free slots for this step's prefill."""
         admitted: list[Admission[T]] = []

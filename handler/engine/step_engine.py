@@ -32,15 +32,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 from handler import failpoints
 from handler.backends.base import Backend
+from handler.engine.between_steps import BetweenSteps, failed, run_jobs, run_unloads
 from handler.engine.outbox import Outboxes, Update
 from handler.engine.plan import Admission
 from handler.engine.scheduler import SlotScheduler
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, InvalidRequest, ServingError
+from handler.lora.adapters import AdapterError, install_adapter
 from handler.request import DecodeRow, SlotRequestError, TokenChoice
 
 logger = logging.getLogger(__name__)
@@ -87,6 +91,7 @@ class StepEngine:
         self._outboxes = Outboxes(self._changed, clock)
         self._aborts: list[str] = []
         self._failure: ServingError | None = None  # fail_all(): applied at the start of the next step
+        self._between = BetweenSteps()  # adapter loads and unloads, before the next step's plan
         self._records: list[StepRecord] = []
         self._sampling_s = self._detokenize_s = 0.0  # this step's host time so far, by stage
         self._decoded_tokens = 0  # tokens this step's decode gave
@@ -140,6 +145,36 @@ class StepEngine:
                 self._caller_gap_s = gap if smoothed is None else smoothed + GAP_SMOOTHING * (gap - smoothed)
             self._admitted_since_step = True
             self._changed.notify_all()
+
+    def load_adapter(self, name: str, path: Path, max_rank: int) -> Future[None]:
+        """Check and load a LoRA adapter between steps, on the stepping thread (now, on this one,
+        when the caller steps the engine itself); the future says how it went."""
+        with self._changed:
+            if name in self._between.unloading:
+                return failed(
+                    AdapterError(
+                        f"LoRA adapter {name!r} is still being unloaded: requests that named it are running; load it "
+                        "again when they have ended"
+                    )
+                )
+
+            def load() -> None:
+                install_adapter(self.backend, name, path, max_rank)
+
+            future = self._between.add(load)
+            self._changed.notify_all()
+        if self._thread is None:
+            self._run_between_steps()
+        return future
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget a LoRA adapter once no sequence, waiting or running, names it (the caller stopped
+        new ones from naming it first)."""
+        with self._changed:
+            self._between.unloading.add(name)
+            self._changed.notify_all()
+        if self._thread is None:
+            self._run_between_steps()
 
     def take(self, request_ids: Iterable[str]) -> dict[str, Update]:
         """The text each request produced since the last take, and whether it ended; a
@@ -195,7 +230,7 @@ class StepEngine:
     def _run(self) -> None:
         while True:
             with self._changed:
-                while not self._stopping and self.scheduler.idle and not self._aborts and self._failure is None:
+                while not (self._stopping or self._busy):
                     self._changed.wait()
                 if self._stopping:
                     return
@@ -204,6 +239,11 @@ class StepEngine:
                 self.step()
             except Exception:  # step() answers failures per sequence; this is a bug: keep serving
                 logger.exception("engine step failed")
+
+    @property
+    def _busy(self) -> bool:
+        """Under the lock: a step has something to do."""
+        return not self.scheduler.idle or bool(self._aborts) or self._failure is not None or bool(self._between)
 
     def holds_next_step(self) -> bool:
         """Whether the next step would wait for the caller's admissions: a slot is free for a
@@ -230,7 +270,7 @@ class StepEngine:
     def step(self) -> bool:
         """Run one step; False when there was nothing to do."""
         self._step_started = self._clock()
-        busy = not self.scheduler.idle or bool(self._aborts) or self._failure is not None
+        busy = self._busy
         try:
             return self._step()
         finally:
@@ -247,6 +287,7 @@ class StepEngine:
                     logger.exception("on_idle failed")
 
     def _step(self) -> bool:
+        self._run_between_steps()
         with self._changed:
             released = self._apply_aborts() + self._apply_failure()
             plan = self.scheduler.plan(_tokens_left, max(1, self.backend.tokens_per_step))
@@ -262,7 +303,14 @@ class StepEngine:
         rows = [(row, live[row.slot]) for row in plan.decode_rows(live)]
         decode_s = self._decode(rows) if rows else None
         self._finish_step(prefill_s, decode_s, len(plan.prefill), len(rows))
+        self._run_between_steps()  # an adapter whose last sequence ended now goes now, not at the next arrival
         return True
+
+    def _run_between_steps(self) -> None:
+        with self._changed:
+            unloads, jobs = self._between.take(self.scheduler.uses_adapter)
+        run_unloads(unloads, self.backend.unload_adapter)
+        run_jobs(jobs)
 
     def _apply_aborts(self) -> list[int]:
         released = []

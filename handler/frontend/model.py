@@ -65,7 +65,7 @@ class ServedModel(LoadedOnAThread):
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         leave_a_core_to_the_loop(self.config.handler.cpu_threads)
-        core = GenerationCore(self.config, load_model(self.config, str(self.model_dir)))
+        core = GenerationCore(self.config, load_model(self.config, str(self.model_dir)), str(self.model_dir))
         client = EngineClient.build(core)
         client.on_health = self._replica_health
         client.start()

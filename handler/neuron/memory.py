@@ -42,6 +42,24 @@ github.com/aws-neuron/neuronx-distributed-inference):
 - int8 weights (transformers-neuronx `QuantizationConfig(quant_dtype="s8")`, which quantizes
   the decoder layers' attention and MLP matrices; NxDI `quantized`): those matrices take one
   byte per weight, the embedding, lm_head and norms stay 16-bit. Per-channel scales ignored.
+- LoRA adapters (NxDI's multi-LoRA only, `Layout.lora`; modules/lora_serving/lora_module.py and
+  lora_layer.py at the SDK 2.28 release, NxDI 0.8, with the defaults the nxdi backend keeps:
+  `lora_memory_transpose` and `lora_shard_linear_layer` true). Every targeted projection gets a
+  lora_A (rank x in) and a lora_B (out x rank) per adapter place, padded to max_lora_rank, in the
+  base layer's dtype (the amp), for NxDI's `max_loras` places (`weight`: every configured adapter
+  plus the backend's all-zero base adapter, or with dynamic multi-LoRA max_loras + 1; the rest
+  stay in host memory), all split over the cores; plus one row per sequence slot (`weight_active`,
+  `batch_size` = n_slots), written at each prefill, whose sharded-linear side is whole on every
+  core: q, k, v, gate and up (column-parallel) hold lora_A whole and lora_B split, o and down (row-
+  parallel) lora_A split and lora_B whole. Counted as if every adapter targets all 7 projections
+  (the adapters' own targets are read after the check): never an under-estimate.
+  One Llama-3.1-8B adapter at rank 16 over the 7 projections: 16 x (q 4096+4096, k and v
+  4096+1024 each, o 4096+4096, gate and up 4096+14336 each, down 14336+4096 = 81,920) x 32 layers
+  = 41.9 M parameters: 83.9 MB in bf16, 167.8 MB in f32. So the "about 170 MB per adapter" of the
+  SDK 2.28 multi-LoRA guide matches these shapes in f32 (most likely the file PEFT saves from an
+  f32 training run), twice what the device holds in bf16; at tp_degree 2 each core holds half
+  (42 MB), and the slot rows add 4 slots x 16 x 55,296 x 32 x 2 bytes = 226 MB per core whatever
+  the adapters.
 """
 
 from __future__ import annotations
@@ -177,18 +195,34 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
+class LoraLayout:
+    """NxD Inference's multi-LoRA as compiled (module docstring, LoRA): `device_adapters` adapter
+    places in device memory (NxDI's max_loras, the all-zero base adapter included), each padded
+    to `rank` (max_lora_rank)."""
+
+    device_adapters: int
+    rank: int
+
+    def __post_init__(self) -> None:
+        if self.device_adapters < 1 or self.rank < 1:
+            raise ConfigError(f"memory layout: LoRA needs at least 1 adapter place and rank 1, got {self}")
+
+
+@dataclass(frozen=True)
 class Layout:
     """One model copy as compiled: `tp_degree` cores, `n_slots` KV lines of `n_positions`.
     `gqa`: transformers-neuronx's group_query_attention setting (None: the SDK's default);
-    `sdk`: whose padding rules apply (neuronx: transformers-neuronx, nxdi: NxD Inference)."""
+    `sdk`: whose padding rules apply (neuronx: transformers-neuronx, nxdi: NxD Inference);
+    `lora`: NxDI's LoRA adapters in device memory (None: none)."""
 
     tp_degree: int
     n_slots: int
     n_positions: int
     weight_dtype: str = "bf16"  # "bf16" | "fp16" | "int8" | "f32"
-    kv_dtype: str = "bf16"  # the amp: the KV cache and, under int8, the parameters left unquantized
+    kv_dtype: str = "bf16"  # the amp: the KV cache, LoRA weights and, under int8, the parameters left unquantized
     gqa: str | None = None
     sdk: str = "neuronx"
+    lora: LoraLayout | None = None
 
     def __post_init__(self) -> None:
         for key in ("tp_degree", "n_slots", "n_positions"):
@@ -200,6 +234,8 @@ class Layout:
             raise ConfigError(f"memory layout: gqa {self.gqa!r}: expected one of {', '.join(GQA_MODES)}")
         if self.sdk not in SDKS:
             raise ConfigError(f"memory layout: sdk {self.sdk!r}: expected one of {', '.join(SDKS)}")
+        if self.lora is not None and self.sdk != "nxdi":
+            raise ConfigError("memory layout: LoRA adapters are NxD Inference's multi-LoRA (sdk nxdi)")
 
 
 @dataclass(frozen=True)
@@ -216,10 +252,11 @@ class MemoryEstimate:
     name: str = ""
     layout: Layout | None = None
     padded_kv_heads: int = 0  # K/V heads after the SDK's padding / replication (all cores together)
+    lora_gib: float = 0.0  # LoRA adapters and their per-slot rows (Layout.lora)
 
     @property
     def total_gib(self) -> float:
-        return self.weights_gib + self.kv_gib + self.reserve_gib
+        return self.weights_gib + self.kv_gib + self.lora_gib + self.reserve_gib
 
     @property
     def fits(self) -> bool:
@@ -241,9 +278,10 @@ class MemoryEstimate:
                 f"{layout.n_positions} positions"
             )
         relation = ">" if not self.fits else "<="
+        lora = f" + {self.lora_gib:.1f} GiB LoRA" if self.lora_gib else ""
         return (
-            f"{what}: {self.weights_gib:.1f} GiB weights + {self.kv_gib:.1f} GiB KV + {self.reserve_gib:.1f} GiB "
-            f"reserve = {self.total_gib:.1f} GiB per NeuronCore {relation} {self.hbm_gib:g} GiB HBM"
+            f"{what}: {self.weights_gib:.1f} GiB weights + {self.kv_gib:.1f} GiB KV{lora} + {self.reserve_gib:.1f} "
+            f"GiB reserve = {self.total_gib:.1f} GiB per NeuronCore {relation} {self.hbm_gib:g} GiB HBM"
         )
 
 
@@ -322,6 +360,21 @@ def core_share(shape: ModelShape, layout: Layout) -> CoreShare:
     )
 
 
+def lora_core_elements(shape: ModelShape, layout: Layout, share: CoreShare) -> float:
+    """One NeuronCore's LoRA weights (module docstring, LoRA): the adapter places, every side split
+    over the cores, and one row per slot, the sharded-linear side whole."""
+    lora, tp = layout.lora, layout.tp_degree
+    if lora is None:
+        return 0.0
+    hidden, q, kv = shape.hidden, share.q_heads * shape.head_dim, share.kv_heads * shape.head_dim
+    intermediate = _round_up(shape.intermediate, tp)
+    column = [(hidden, q), (hidden, kv), (hidden, kv), (hidden, intermediate), (hidden, intermediate)]
+    row = [(q, hidden), (intermediate, hidden)]  # o, down: (in, out)
+    place = sum(n_in + n_out for n_in, n_out in column + row) / tp
+    slot_row = sum(n_in + n_out / tp for n_in, n_out in column) + sum(n_in / tp + n_out for n_in, n_out in row)
+    return shape.layers * lora.rank * (lora.device_adapters * place + layout.n_slots * slot_row)
+
+
 def estimate(shape: ModelShape, layout: Layout, hbm_gib: float = HBM_PER_CORE_GIB) -> MemoryEstimate:
     share = core_share(shape, layout)
     matrix_bytes = _dtype_bytes(layout.weight_dtype, "weight_dtype")
@@ -340,6 +393,7 @@ def estimate(shape: ModelShape, layout: Layout, hbm_gib: float = HBM_PER_CORE_GI
         name=shape.name,
         layout=layout,
         padded_kv_heads=share.kv_heads,
+        lora_gib=lora_core_elements(shape, layout, share) * kv_bytes / GIB,
     )
 
 
@@ -413,7 +467,7 @@ def _most_positions(shape: ModelShape, layout: Layout, hbm_gib: float, step: int
     one = estimate(shape, dataclasses.replace(layout, n_slots=1, n_positions=step), hbm_gib)
     if not one.fits:
         return None
-    steps = int((hbm_gib - one.weights_gib - one.reserve_gib) / one.kv_gib)  # the KV cache is linear in them
+    steps = int((hbm_gib - one.weights_gib - one.lora_gib - one.reserve_gib) / one.kv_gib)  # KV: linear in them
     positions = min(steps * step, (layout.n_positions - 1) // step * step)
     while positions >= step and not _fits(shape, layout, hbm_gib, n_slots=1, n_positions=positions):
         positions -= step  # float rounding at the edge

@@ -16,7 +16,9 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from handler.backends.base import Backend
 from handler.backends.loader import load_backend
@@ -27,6 +29,8 @@ from handler.replicas.protocol import (
     FIELD_ASKS,
     LOGPROB_ASKS,
     Abort,
+    AdapterLoaded,
+    LoadAdapter,
     ModelFacts,
     Ready,
     ReplicaSpec,
@@ -34,6 +38,7 @@ from handler.replicas.protocol import (
     Stepped,
     Stop,
     Submit,
+    UnloadAdapter,
 )
 
 logger = logging.getLogger(__name__)
@@ -51,6 +56,7 @@ def facts_of(backend: Backend) -> ModelFacts:
         {ask: backend.logprobs_refusal(*ask) for ask in LOGPROB_ASKS},
         getattr(backend, "device_sampling_topk", None),
         {name: backend.request_refusal(probe) for name, (probe, _) in FIELD_ASKS.items()},
+        {unload: backend.runtime_adapter_refusal(unload) for unload in (False, True)},
     )
 
 
@@ -105,6 +111,12 @@ class Replica:
             with self._lock:
                 self._reported.pop(message.request_id, None)
             self.engine.abort(message.request_id)
+        elif isinstance(message, LoadAdapter):
+            name = message.name
+            loading = self.engine.load_adapter(name, Path(message.path), message.max_rank)
+            loading.add_done_callback(lambda done: self._send(AdapterLoaded(name, _failure(done))))
+        elif isinstance(message, UnloadAdapter):
+            self.engine.unload_adapter(message.name)
         else:
             logger.error("unknown message from the worker: %r", message)
 
@@ -122,10 +134,23 @@ class Replica:
             message = Stepped(
                 tuple(progress), tuple(self.engine.take_records()), self.engine.occupied, self.engine.waiting
             )
-            try:
-                self.conn.send(message)
-            except OSError:  # the worker is gone; serve() sees it too and stops
-                logger.info("could not report a step: the worker went away")
+            self._send_locked(message)
+
+    def _send(self, message: object) -> None:
+        with self._lock:
+            self._send_locked(message)
+
+    def _send_locked(self, message: object) -> None:
+        try:
+            self.conn.send(message)
+        except OSError:  # the worker is gone; serve() sees it too and stops
+            logger.info("could not send %s: the worker went away", type(message).__name__)
+
+
+def _failure(done: Future[None]) -> str | None:
+    """What a finished load raised, as the worker reports it; None when it succeeded."""
+    exc = done.exception()
+    return None if exc is None else str(exc)[:MAX_CAUSE_CHARS]
 
 
 def describe(exc: BaseException) -> str:

@@ -40,6 +40,7 @@ class ReplicatedModel:
         self._refusals = facts.logprob_refusals
         self._device_topk = facts.device_sampling_topk
         self._field_refusals = facts.field_refusals
+        self._adapter_refusals = facts.adapter_refusals
 
     def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
         return self._refusals.get((logprobs, prompt_logprobs))
@@ -52,6 +53,9 @@ class ReplicatedModel:
             if refusal is not None and asks(request):
                 return refusal
         return None if self._device_topk is None else device_sampling_refusal(request, self._device_topk)
+
+    def runtime_adapter_refusal(self, unload: bool) -> str | None:
+        return self._adapter_refusals.get(unload, "the replicas did not say whether they load adapters")
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]

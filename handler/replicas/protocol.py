@@ -62,6 +62,7 @@ class ModelFacts:
     logprob_refusals: dict[tuple[bool, bool], str | None] = field(default_factory=dict)
     device_sampling_topk: int | None = None  # nxdi with on-device sampling: its global_topk
     field_refusals: dict[str, tuple[str, str] | None] = field(default_factory=dict)  # by FIELD_ASKS
+    adapter_refusals: dict[bool, str | None] = field(default_factory=dict)  # runtime_adapter_refusal(unload)
 
 
 # -- worker to replica -----------------------------------------------------------------
@@ -83,12 +84,34 @@ class Stop:
     pass
 
 
+@dataclass(frozen=True)
+class LoadAdapter:
+    """Check and load a LoRA adapter between steps; answered with AdapterLoaded."""
+
+    name: str
+    path: str
+    max_rank: int
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    """Forget a LoRA adapter once no sequence names it."""
+
+    name: str
+
+
 # -- replica to worker -----------------------------------------------------------------
 @dataclass(frozen=True)
 class Ready:
     facts: ModelFacts
     pid: int
     load_s: float
+
+
+@dataclass(frozen=True)
+class AdapterLoaded:
+    name: str
+    error: str | None  # why the load failed; None: it is loaded
 
 
 @dataclass(frozen=True)

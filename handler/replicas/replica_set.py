@@ -23,15 +23,31 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from handler.engine.between_steps import failed
 from handler.engine.outbox import Outboxes, Update
 from handler.engine.sequence import Sequence
 from handler.engine.step_engine import StepRecord
 from handler.errors import EngineError, ServingError
+from handler.lora.adapters import AdapterError
+from handler.replicas.adapter_loads import PendingLoad
 from handler.replicas.dispatch import choose
 from handler.replicas.process import ReplicaProcess
-from handler.replicas.protocol import Abort, ModelFacts, Ready, ReplicaSpec, StartFailed, Stepped, Submit
+from handler.replicas.protocol import (
+    Abort,
+    AdapterLoaded,
+    LoadAdapter,
+    ModelFacts,
+    Ready,
+    ReplicaSpec,
+    StartFailed,
+    Stepped,
+    Submit,
+    UnloadAdapter,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +111,7 @@ class ReplicaSet:
         self._owner: dict[str, int] = {}  # request id: the replica generating it
         self._records: list[StepRecord] = []
         self._failed: str | None = None
+        self._loading: dict[str, PendingLoad] = {}  # LoRA adapters being loaded at run time, by name
         self._stopping = False
         self._supervisor: threading.Thread | None = None
         self.facts: ModelFacts | None = None
@@ -197,6 +214,28 @@ class ReplicaSet:
             if process is not None:
                 process.send(Abort(request_id))
 
+    def load_adapter(self, name: str, path: Path, max_rank: int) -> Future[None]:
+        """On every serving replica (adapter_loads.py); a replica restarted later loads it at its start."""
+        with self._changed:
+            serving = {i: r.process for i, r in enumerate(self._replicas) if r.state is _State.READY and r.process}
+            if name in self._loading:
+                return failed(AdapterError(f"LoRA adapter {name!r} is already being loaded"))
+            if not serving:
+                return failed(EngineError(f"no replica of this worker is serving: {self._problem() or 'starting'}"))
+            load = self._loading[name] = PendingLoad(name, path, set(serving))
+        for process in serving.values():
+            if process is not None:
+                process.send(LoadAdapter(name, str(path), max_rank))
+        return load.future
+
+    def unload_adapter(self, name: str) -> None:
+        """On every replica, each once its last sequence naming it ends; restarts no longer load it."""
+        with self._changed:
+            self._set_spec_adapter(name, None)
+            processes = [r.process for r in self._replicas if r.process is not None]
+        for process in processes:
+            process.send(UnloadAdapter(name))
+
     def take(self, request_ids: Iterable[str]) -> dict[str, Update]:
         return self._outboxes.take(request_ids)
 
@@ -279,6 +318,12 @@ class ReplicaSet:
         elif isinstance(message, StartFailed):
             with self._changed:
                 replica.cause = message.cause
+        elif isinstance(message, AdapterLoaded):
+            with self._changed:
+                load = self._loading.get(message.name)
+                done = load is not None and load.answered(index, message.error)
+            if load is not None and done:
+                self._settle_load(load)
         else:
             logger.error("replica %d sent an unknown message: %r", index, message)
 
@@ -333,7 +378,10 @@ class ReplicaSet:
                 self._owner.pop(request_id, None)
             replica.requests.clear()
             stopping = self._stopping
+            settled = [load for load in self._loading.values() if load.gone(index)]
             self._changed.notify_all()
+        for load in settled:
+            self._settle_load(load)
         replica.changed.set()
         if stopping:
             return
@@ -383,7 +431,31 @@ class ReplicaSet:
                         replica.restart_at = self._clock() + RESTART_BACKOFF_S[-1]
                 self._report_health()
 
+    def _settle_load(self, load: PendingLoad) -> None:
+        """Every replica answered a run-time load: keep it everywhere, or nowhere."""
+        with self._changed:
+            self._loading.pop(load.name, None)
+            ok = not load.errors and bool(load.loaded)
+            if ok:
+                self._set_spec_adapter(load.name, str(load.path))
+            undo = [] if ok else [self._replicas[i].process for i in sorted(load.loaded)]
+        for process in undo:
+            if process is not None:
+                process.send(UnloadAdapter(load.name))
+        load.settle()
+
     # -- helpers (the lock held) ----------------------------------------------------------------
+    def _set_spec_adapter(self, name: str, path: str | None) -> None:
+        """What every replica's next start serves: with the adapter at `path`, or (None) without it."""
+        for replica in self._replicas:
+            config = replica.spec.config
+            adapters = dict(config.handler.lora.adapters) if config.handler.lora is not None else {}
+            if path is None:
+                adapters.pop(name, None)
+            else:
+                adapters[name] = path
+            replica.spec = replace(replica.spec, config=config.with_adapters(adapters))
+
     def _forget(self, request_id: str) -> ReplicaProcess | None:
         index = self._owner.pop(request_id, None)
         if index is None:

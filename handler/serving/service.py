@@ -39,15 +39,15 @@ class CallWork(Work):
 class GenerationService(GenerationCore):
     """The core, plus what TorchServe's worker hands over: its context, and its custom metrics."""
 
-    def __init__(self, config: ServingConfig, backend: Backend | ReplicatedModel) -> None:
-        super().__init__(config, backend)
+    def __init__(self, config: ServingConfig, backend: Backend | ReplicatedModel, model_dir: str | None = None) -> None:
+        super().__init__(config, backend, model_dir)
         self.token_metrics = TokenMetrics(backend.n_slots)
 
     @classmethod
     def from_context(cls, context: Any) -> GenerationService:
         config = ServingConfig.from_model_yaml(context.model_yaml_config)
         model_dir = context.system_properties.get("model_dir")
-        return cls(config, load_model(config, model_dir, *worker_of(context)))
+        return cls(config, load_model(config, model_dir, *worker_of(context)), model_dir)
 
     def prepare(
         self, index: int, row: Any, context: Any, refusal: ServingError | None = None, compiled: bool = False

@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from handler.backends.hf import DTYPE_KWARG, HFBackend
+from handler.backends.hf import HFBackend
 from handler.config import HandlerConfig
 from handler.lora.adapters import AdapterError, AdapterSpec, read_adapter
 from handler.request import DecodeRow, SlotRequest, SlotRequestError, TokenChoice
-from tests.support.lora import make_lora_adapter, tiny_lora_adapters
+from tests.support.lora import make_lora_adapter, peft_generate, tiny_lora_adapters
 
 __all__ = ["tiny_lora_adapters"]
 
@@ -72,24 +71,6 @@ def forwards(backend: HFBackend) -> Iterator[list[list[str | None]]]:
 
     backend.adapters.forward = counted  # type: ignore[method-assign]
     yield calls
-
-
-def peft_generate(model_dir: Path, adapter: Path, prompt: tuple[int, ...], n: int) -> list[int]:
-    """PEFT's own greedy output with the adapter, in-process: the reference."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, **{DTYPE_KWARG: torch.float32})
-    peft_model = PeftModel.from_pretrained(model, str(adapter)).eval()
-    with torch.inference_mode():
-        out = peft_model.generate(
-            input_ids=torch.tensor([prompt]),
-            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 # -- the base model's linear layers --------------------------------------------------------------------

@@ -66,3 +66,24 @@ def tiny_lora_adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFa
     return {
         name: make_lora_adapter(tiny_model_dir, root / name, seed, scale=0.5) for name, seed in (("a", 1), ("b", 2))
     }
+
+
+def peft_generate(model_dir: Path, adapter: Path, prompt: tuple[int, ...], n: int) -> list[int]:
+    """PEFT's own greedy output with the adapter, in-process: the reference."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from handler.backends.hf import DTYPE_KWARG
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, **{DTYPE_KWARG: torch.float32})
+    peft_model = PeftModel.from_pretrained(model, str(adapter)).eval()
+    with torch.inference_mode():
+        out = peft_model.generate(
+            input_ids=torch.tensor([prompt]),
+            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+        )
+    return out[0, len(prompt) :].tolist()

@@ -8,17 +8,21 @@ real config.json files of the three models (tests/fixtures/configs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from handler.backends.memory_fit import check_memory_fit, nxdi_lora_layout
 from handler.errors import ConfigError
+from handler.neuron.lora import LoraSettings
 from handler.neuron.memory import (
     GIB,
     HBM_PER_CORE_GIB,
     RUNTIME_RESERVE_GIB,
     Layout,
+    LoraLayout,
     ModelShape,
     estimate,
     fit_problem,
@@ -281,3 +285,79 @@ def test_a_bad_layout_is_refused():
         Layout(1, 1, 128, weight_dtype="int4")
     with pytest.raises(ConfigError, match="tp_degree must be at least 1"):
         Layout(0, 1, 128)
+
+
+# -- NxD Inference's LoRA adapters in device memory (Layout.lora) ---------------------------------------
+
+# One Llama-3.1-8B adapter at rank 16 over q, k, v, o, gate, up, down: rank x (in + out) per projection,
+# q 4096+4096, k and v 4096+1024, o 4096+4096, gate and up 4096+14336, down 14336+4096 = 81,920 per layer
+ADAPTER_8B_R16 = 16 * 81_920 * 32  # 41,943,040 parameters
+# One slot's row at tp 2 (the sharded-linear side whole): q, k, v, gate, up hold lora_A whole (5 x 4096) and
+# lora_B halved ((4096 + 1024 + 1024 + 14336 + 14336) / 2); o and down lora_A halved ((4096 + 14336) / 2),
+# lora_B whole (2 x 4096)
+SLOT_ROW_8B_TP2 = 20_480 + 17_408 + 9_216 + 8_192  # 55,296 per layer and rank
+
+
+def test_one_adapter_place_is_the_adapters_bf16_weights_split_over_the_cores(llama31_8b):
+    """The SDK 2.28 guide's "about 170 MB" per Llama-3.1-8B rank-16 adapter is its f32 size (167.8 MB,
+    the file PEFT saves from an f32 run); the device holds it in the amp, bf16: 83.9 MB, split over the cores."""
+    assert ADAPTER_8B_R16 * 4 == 167_772_160 and ADAPTER_8B_R16 * 2 == 83_886_080
+    for tp in (1, 2, 8):
+        one, two = (
+            estimate(llama31_8b, Layout(tp, 4, 4096, sdk="nxdi", lora=LoraLayout(places, 16))) for places in (1, 2)
+        )
+        assert (two.lora_gib - one.lora_gib) * GIB == pytest.approx(ADAPTER_8B_R16 * 2 / tp)
+
+
+def test_lora_at_tp2_adapters_and_slot_rows(llama31_8b):
+    """2 adapters and the base adapter (3 places), 4 slots: 3 x 41.9 M / 2 + 4 x 16 x 55,296 x 32, in bf16."""
+    found = estimate(llama31_8b, Layout(2, 4, 4096, sdk="nxdi", lora=LoraLayout(3, 16)))
+    lora = (3 * ADAPTER_8B_R16 / 2 + 4 * 16 * SLOT_ROW_8B_TP2 * 32) * 2
+    assert found.lora_gib * GIB == lora == 352_321_536
+    bare = estimate(llama31_8b, Layout(2, 4, 4096, sdk="nxdi"))
+    assert bare.lora_gib == 0 and found.total_gib == pytest.approx(bare.total_gib + gib(lora))
+    assert " 1.0 GiB KV + 0.3 GiB LoRA + 1.0 GiB reserve = 9.8 GiB" in found.explain()
+    assert "LoRA" not in bare.explain()
+
+
+def test_lora_pads_with_the_heads_and_the_mlp(llama31_8b):
+    """tp 24: q over 48 heads, k and v over 24 (replicated), the MLP over 14352: one place, one slot."""
+    found = estimate(llama31_8b, Layout(24, 1, 4096, sdk="nxdi", lora=LoraLayout(1, 16)))
+    q, kv, mlp = 48 * 128, 24 * 128, 14_352
+    place = (2 * (4096 + q) + 2 * (4096 + kv) + 3 * (4096 + mlp)) / 24
+    slot_row = 5 * 4096 + (q + 2 * kv + 2 * mlp) / 24 + (q + mlp) / 24 + 2 * 4096
+    assert found.lora_gib * GIB == pytest.approx(16 * 32 * (place + slot_row) * 2)
+
+
+def test_many_high_rank_adapters_do_not_fit_and_the_advice_counts_them(llama31_8b):
+    """40 adapters of rank 64 at tp 2 with 8 slots: 8.1 GiB of LoRA over a layout that fits without them."""
+    layout = Layout(2, 8, 4096, sdk="nxdi", lora=LoraLayout(41, 64))
+    assert fit_problem(llama31_8b, dataclasses.replace(layout, lora=None)) is None
+    problem = fit_problem(llama31_8b, layout)
+    assert problem is not None
+    assert "2.0 GiB KV + 8.1 GiB LoRA + 1.0 GiB reserve = 18.6 GiB per NeuronCore > 16 GiB HBM" in problem
+    assert problem.endswith("; try tp_degree 4 or n_slots 2 or int8 weights")  # tp 4: 10.2 GiB
+
+
+def test_lora_is_nxdis_and_needs_a_place_and_a_rank():
+    with pytest.raises(ConfigError, match="sdk nxdi"):
+        Layout(2, 4, 4096, lora=LoraLayout(2, 16))
+    with pytest.raises(ConfigError, match="at least 1 adapter place"):
+        LoraLayout(0, 16)
+
+
+@pytest.mark.parametrize(("dynamic", "places"), [(False, 4), (True, 3)])
+def test_the_nxdi_adapters_in_device_memory(dynamic, places):
+    """3 adapters, max_loras 2: all of them and the base adapter without dynamic multi-LoRA (NxDI raises
+    max_loras to the checkpoints), max_loras and the base with it (the rest in host memory)."""
+    settings = LoraSettings.of({"a": "/a", "b": "/b", "c": "/c"}, max_loras=2, max_lora_rank=32)
+    assert nxdi_lora_layout(settings, dynamic) == LoraLayout(places, 32)
+    assert nxdi_lora_layout(None, dynamic) is None
+
+
+def test_the_memory_check_names_the_lora_keys():
+    with pytest.raises(ConfigError) as info:
+        check_memory_fit("nxdi", CONFIGS / "llama-3.1-8b.json", Layout(2, 8, 4096, sdk="nxdi", lora=LoraLayout(41, 64)))
+    message = str(info.value)
+    assert "8.1 GiB LoRA" in message and "handler.lora.max_lora_rank" in message
+    assert "handler.nxdi.dynamic_multi_lora" in message and "handler.nxdi.memory_check: false" in message

@@ -191,11 +191,11 @@ class Clock:
 
 
 class Fixture:
-    def __init__(self, count: int, step_timeout_s: float = 60.0) -> None:
+    def __init__(self, count: int, step_timeout_s: float = 60.0, config: ServingConfig | None = None) -> None:
         self.processes: list[StandIn] = []
         self.clock = Clock()
         self.set = ReplicaSet(
-            [ReplicaSpec(k, None, None) for k in range(count)], step_timeout_s, self._spawn, clock=self.clock
+            [ReplicaSpec(k, config, None) for k in range(count)], step_timeout_s, self._spawn, clock=self.clock
         )
         self.health = []
         self.set.on_health = lambda: self.health.append(self.set.health())

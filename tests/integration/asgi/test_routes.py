@@ -45,7 +45,7 @@ BAD_FIELDS: dict[str, tuple[dict[str, Any], str]] = {
 
 
 def generation_routes() -> list[Route]:
-    return [route for route in ROUTES if "generate" in route.tasks and route.body]
+    return [route for route in ROUTES if "generate" in route.tasks and route.generates]
 
 
 def concrete(path: str) -> str:

@@ -22,7 +22,7 @@ from handler.backends.sim import SimBackend
 from handler.config import HandlerConfig
 from handler.errors import ConfigError
 from handler.inf2_handler import Inf2StreamingHandler
-from handler.neuron.memory import Layout, ModelShape, estimate
+from handler.neuron.memory import Layout, LoraLayout, ModelShape, estimate
 from tests.support.bench import sim_model_yaml
 from tests.support.neuron import neuronx_yaml, nxdi_yaml
 from tests.support.torchserve_harness import load_failure, make_context, run_batch
@@ -95,6 +95,32 @@ def test_the_configured_layout_is_what_is_checked(checkpoint, start_backend, mon
     with pytest.raises(Checked):
         start_backend(model_yaml)
     assert seen == [Layout(12, 4, 4096, "int8", "bf16", gqa="replicated-heads", sdk="neuronx")]
+
+
+@pytest.mark.usefixtures("fake_neuronx")
+@pytest.mark.parametrize(("dynamic", "places"), [(False, 4), (True, 3)])
+def test_nxdi_checks_the_device_memory_of_its_lora_adapters(checkpoint, monkeypatch, dynamic, places):
+    """3 adapters with max_loras 2 and rank 32: the check (before the adapters are even read) sees every
+    adapter and the base adapter in device memory, or with dynamic multi-LoRA max_loras and the base."""
+    from handler.backends.loader import nxdi_lora
+    from handler.backends.nxdi import NxdiBackend
+    from handler.config import ServingConfig
+
+    seen: list[Any] = []
+
+    def spy(backend: str, config_path: Path, layout: Any, required: bool = False) -> None:
+        seen.append(layout)
+        raise Checked
+
+    monkeypatch.setattr(device_slots_module, "check_memory_fit", spy)
+    nxdi = {"dynamic_multi_lora": True, "save_sharded_checkpoint": False} if dynamic else {}
+    model_yaml = nxdi_yaml(checkpoint, amp="bf16", nxdi=nxdi)
+    adapters = {name: f"adapters/{name}" for name in ("a", "b", "c")}
+    model_yaml["handler"]["lora"] = {"adapters": adapters, "max_loras": 2, "max_lora_rank": 32}
+    config = ServingConfig.from_model_yaml(model_yaml)
+    with pytest.raises(Checked):
+        NxdiBackend(config, checkpoint, lora=nxdi_lora(config, checkpoint))
+    assert seen == [Layout(1, 2, 256, "bf16", "bf16", sdk="nxdi", lora=LoraLayout(places, 32))]
 
 
 @pytest.mark.usefixtures("fake_neuronx")

@@ -227,6 +227,9 @@ def test_runtime_updates_are_refused_as_nxdi_0_8_allows(adapters, start_lora):
         backend.load_adapter(read_adapter("b", adapters["b"], 8, shapes))
     with pytest.raises(NotImplementedError, match="set dynamic_multi_lora: true"):
         backend.unload_adapter("a")
+    # What the run-time routes answer before they touch the engine (handler/core/adapter_updates.py).
+    assert "LoraModelManager.add_adapter does nothing" in backend.runtime_adapter_refusal(unload=False)
+    assert "only with handler.nxdi.dynamic_multi_lora" in backend.runtime_adapter_refusal(unload=True)
 
 
 def test_dynamic_multi_lora_swaps_adapters_through_one_device_slot(adapters, start_lora, checkpoint, fake_neuronx):
@@ -246,6 +249,7 @@ def test_dynamic_multi_lora_swaps_adapters_through_one_device_slot(adapters, sta
         assert context["adapter_positions"] == [1]  # the base, used at warm-up, stays (LRU), the other goes
         assert all(f["programs"][0]["lora"][0] == [0, index] for f in decodes)  # slot 0 ran with it
 
+    assert backend.runtime_adapter_refusal(unload=True) is None
     backend.unload_adapter("c")
     with pytest.raises(SlotRequestError, match="serves no LoRA adapter 'c'"):
         backend.prefill([greedy(0, prompt, adapter_id="c")])

@@ -25,8 +25,9 @@ DLC_PROVIDED = {
 }
 # Imported only for an optional feature and never bundled (import name -> why).
 NOT_BUNDLED = {
-    "peft": "LoRA adapters on the hf backend only, imported when one loads (handler/backends/hf_lora.py): pip "
-    "would bundle torch and transformers with it; without it, loading an adapter says to install it",
+    "peft": "LoRA adapters on the hf backend only, imported when one loads (handler/backends/hf_lora.py): here pip "
+    "would bundle torch and transformers with it; an archive whose config serves adapters on hf gets it (and "
+    "accelerate) with --no-deps instead (scripts/sagemaker/archive.py, LORA_PACKAGES)",
 }
 NEVER = {"torch", "torch-neuronx", "transformers-neuronx", "torchserve", "torch-model-archiver", "neuronx-cc"}
 # distribution -> the import names it brings (pydantic pins pydantic-core exactly; pip bundles both)
