@@ -169,6 +169,22 @@ class LoraConfig(_Section):
         return adapters
 
 
+class ResponsesConfig(_Section):
+    """`handler.responses`: the Responses API's stored responses (`store: true`, OpenAI's default), kept
+    per worker so that `previous_response_id` continues a conversation (docs/openai.md#responses)."""
+
+    store_mb: int = Field(
+        default=256,
+        ge=0,
+        le=65536,
+        description="the most the worker's stored responses take, in MiB of their JSON (0: store none); the "
+        "oldest go first",
+    )
+    max_age_s: float = Field(
+        default=3600.0, gt=0, description="a stored response is forgotten this long after it was stored"
+    )
+
+
 class MicroBatchingConfig(_Section):
     micro_batch_size: int = Field(default=1, ge=1, le=256)
     parallelism: Parallelism = Parallelism()
@@ -283,6 +299,7 @@ class HandlerConfig(_Section):
         "wire format (non-streamed as a list, like the SageMaker Hugging Face LLM containers)",
     )
     lora: LoraConfig | None = None
+    responses: ResponsesConfig = ResponsesConfig()
     sim: SimConfig | None = None
     neuronx: NeuronxConfig = NeuronxConfig()  # read by backend neuronx (and auto on an inf2 host)
     nxdi: NxdiConfig = NxdiConfig()  # read by backend nxdi (and auto on an inf2 host with NxD Inference)

@@ -5,6 +5,7 @@
 'v1/completions'        OpenAI completions (SSE when streaming)
 'v1/chat/completions'   OpenAI chat completions
 'v1/models[/<id>]'      OpenAI model listing, answered without generating
+'v1/responses[/<id>]'   OpenAI Responses (handler/api/responses/): a turn, or a stored response
 'generate'              TGI (huggingface_hub InferenceClient.text_generation): the body's `stream`
                         decides, SSE or one JSON object
 'generate_stream'       TGI, always SSE
@@ -34,6 +35,7 @@ from handler.api.embedding_schemas import GENERATION_FIELDS, SERVES_EMBEDDINGS
 from handler.api.embeddings import EmbeddingApi, FeatureExtractionApi, OpenAIEmbeddingsApi
 from handler.api.native import NativeApi
 from handler.api.openai import ChatCompletionsApi, CompletionsApi, ModelsApi
+from handler.api.responses.store import ResponseStore
 from handler.api.routes import ApiContext, Route, Task, match
 from handler.api.tgi import TgiApi
 from handler.api.tool_parsers import DEFAULT_TOOL_PARSER
@@ -57,15 +59,19 @@ def select_api(
     body: dict[str, Any] | str | None = None,
     no_route_api: str = "native",
     tool_parser: str = DEFAULT_TOOL_PARSER,
+    responses: ResponseStore | None = None,
+    method: str = "POST",
 ) -> Api:
     """The Api for TorchServe's `url_path` request header; without one, for the decoded body's
     shape (and `handler.no_route_api` for an `inputs` body). `tool_parser` is the model family's
-    tool-call format (`handler.tool_call_parser`)."""
+    tool-call format (`handler.tool_call_parser`); `responses` the worker's stored responses;
+    `method` the HTTP method where the frontend knows it."""
     path = route_path(url_path)
     if not path:
         return _api_for_body(body, model_name, no_route_api, tool_parser)
     route, model_id = _served(path, "generate")
-    api = route.build(ApiContext(model_name, tool_parser=tool_parser, model_id=model_id))
+    context = ApiContext(model_name, tool_parser=tool_parser, model_id=model_id, responses=responses, method=method)
+    api = route.build(context)
     assert isinstance(api, Api), f"{route.name} answers with {type(api).__name__}"
     return api
 

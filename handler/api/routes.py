@@ -21,6 +21,8 @@ from handler.api.base import Api
 from handler.api.embeddings import EmbeddingApi, OpenAIEmbeddingsApi
 from handler.api.lora_admin import AdapterAdminApi
 from handler.api.openai import ChatCompletionsApi, CompletionsApi, ModelsApi
+from handler.api.responses.api import ResponsesApi
+from handler.api.responses.store import ResponseStore
 from handler.api.tgi import TgiApi
 from handler.api.tool_parsers import DEFAULT_TOOL_PARSER
 
@@ -40,7 +42,9 @@ class ApiContext:
     model_name: str
     tool_parser: str = DEFAULT_TOOL_PARSER  # the model family's tool-call format (handler.tool_call_parser)
     dimension: int = 0  # an embedding model's output size
-    model_id: str | None = None  # a `with_id` route's id (`v1/models/<id>`)
+    model_id: str | None = None  # a `with_id` route's id (`v1/models/<id>`, `v1/responses/<id>`)
+    responses: ResponseStore | None = None  # the worker's stored responses (v1/responses)
+    method: str = "POST"  # the HTTP method, where the frontend knows it (TorchServe's handler does not)
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +84,14 @@ ROUTES: tuple[Route, ...] = (
         ChatCompletionsApi,
         takes=("model_name", "tool_parser"),
         options=NAMED,
+    ),
+    Route(
+        "v1/responses",
+        ("/v1/responses", f"/v1/responses/{{{ID_PARAM}:path}}"),
+        ResponsesApi,
+        takes=("model_name", "responses", "tool_parser", "model_id", "method"),
+        methods=("POST", "GET", "DELETE"),  # GET and DELETE with an id: a stored response
+        with_id=True,
     ),
     Route("generate", ("/generate",), TgiApi),  # the body's `stream` decides: SSE or one JSON object
     Route("generate_stream", ("/generate_stream",), TgiApi, options={"always_stream": True}),

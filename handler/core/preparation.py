@@ -18,6 +18,7 @@ from handler import failpoints
 from handler.api import Api, route_path, select_api
 from handler.api.common import decode_body
 from handler.api.json_tree import printable
+from handler.api.responses.store import ResponseStore
 from handler.backends.base import Backend
 from handler.backends.loader import load_backend
 from handler.config import ServingConfig
@@ -71,6 +72,8 @@ class GenerationCore:
         # Run-time LoRA loads and unloads (handler.lora.runtime_updates): set by the engine client
         # that serves this core, which owns the engine they change.
         self.adapter_updates: AdapterUpdates | None = None
+        stored = config.handler.responses
+        self.responses = ResponseStore(stored.store_mb * 2**20, stored.max_age_s) if stored.store_mb else None
         handler = config.handler
         self.limits = Limits(
             handler.default_max_new_tokens,
@@ -101,19 +104,23 @@ class GenerationCore:
         headers: Mapping[str, Any] | None,
         refusal: ServingError | None = None,
         compiled: bool = False,
+        method: str = "POST",
     ) -> Work:
         """Parse, validate and tokenize one request into `work` (its id and arrival already set):
         `url_path` the route after the model ('' none: the body picks it), `read_body` returns the
         undecoded body (raising InvalidRequest when there is none), decoded once, here. `refusal`
         (a drain's 503) answers the request in its route's own format. With `compiled`, its constraint
         is compiled (or refused) before this returns; otherwise the engine client holds the request
-        until it is (handler/core/engine_client.py)."""
+        until it is (handler/core/engine_client.py). `method`: the HTTP method where the frontend
+        knows it (the ASGI frontend; TorchServe passes none to its handler)."""
         try:
             check_body_headers(headers)
             depth = self.limits.max_json_depth
             body = None if route_path(url_path) else decode_body(read_body(), depth)  # no route: the body picks it
             handler = self.config.handler
-            work.api = select_api(url_path, model_name, body, handler.no_route_api, handler.tool_call_parser)
+            work.api = select_api(
+                url_path, model_name, body, handler.no_route_api, handler.tool_call_parser, self.responses, method
+            )
             if refusal is not None:
                 raise refusal
             work.reply = work.api.immediate(self.limits)

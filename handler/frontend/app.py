@@ -4,6 +4,7 @@ archive (handler/api/), secure by default (docs/frontends.md).
 Routes                                          method     wire format
 /predictions/<model>[/<version>]                POST       native NDJSON, or by the body's shape
 /predictions/<model>/<version>/<route>          POST, GET  the route after the version, as on TorchServe
+                                                (DELETE)   (v1/responses/<id>)
 /v1/completions, /v1/chat/completions           POST       OpenAI
 /v1/models[/<id>]                               GET        OpenAI model listing
 /v1/embeddings                                  POST       OpenAI embeddings (an embedding archive)
@@ -55,7 +56,7 @@ from handler.frontend.model import ServedModel
 from handler.frontend.preparing import SHARE, PreparationBudget, Preparer
 
 logger = logging.getLogger(__name__)
-GET_ROUTES = tuple(route.name for route in ROUTES if not route.body)  # answered without a body: GET allowed
+GET_ROUTES = tuple(route.name for route in ROUTES if "GET" in route.methods)  # GET allowed on TorchServe's paths too
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def build_app(
             return body
 
         work = await preparer.run(
-            functools.partial(core.prepare_request, work, route, model_name, read, headers),
+            functools.partial(core.prepare_request, work, route, model_name, read, headers, method=request.method),
             refused=lambda prepared: prepared.error is not None,
         )
         return GenerationResponse(bridge, metrics, work, metric_route)
@@ -169,6 +170,8 @@ def build_app(
         _check_model(request)
         url_path = request.path_params.get("route", "")
         route, _ = match(url_path.strip("/"))
+        if request.method == "DELETE" and route is None:
+            raise HTTPException(405, f"{request.url.path} takes POST", headers={"Allow": "POST"})
         if route is not None and request.method not in route.methods:
             allowed = ", ".join(route.methods)
             raise HTTPException(405, f"{request.url.path} takes {allowed}", headers={"Allow": allowed})
@@ -223,7 +226,7 @@ def build_app(
     routes = [
         Route("/predictions/{model}", predictions, methods=["POST"]),
         Route("/predictions/{model}/{version}", predictions, methods=["POST"]),
-        Route("/predictions/{model}/{version}/{route:path}", predictions, methods=["GET", "POST"]),
+        Route("/predictions/{model}/{version}/{route:path}", predictions, methods=["GET", "POST", "DELETE"]),
         *(Route(path, served_at(route), methods=list(route.methods)) for route in ROUTES for path in route.paths),
         Route("/invocations", invocations, methods=["POST"]),
         Route("/ping", ping, methods=["GET"]),
