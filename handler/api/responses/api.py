@@ -283,13 +283,13 @@ class ResponsesApi(Api):
 
     def chunk(self, sequence: Sequence, delta: str) -> str:
         assert self.output is not None
-        return self._head(sequence) + self.output.feed(delta)
+        return self._head() + self.output.feed(delta)
 
     def final(self, sequence: Sequence) -> str:
         assert self.output is not None
         status = self.STATUS[sequence.finish_reason] if sequence.finish_reason is not None else "completed"
         if sequence.request.stream:
-            head = self._head(sequence)
+            head = self._head()
         else:
             head = ""
             self.output.feed(sequence.full_text)  # the same items as streamed, the events dropped
@@ -311,7 +311,7 @@ class ResponsesApi(Api):
         head = "" if self._head_sent else self._lifecycle(self._object("in_progress", [], None))
         return head + self.events("response.failed", response=failed)
 
-    def _head(self, sequence: Sequence) -> str:
+    def _head(self) -> str:
         """`response.created` and `response.in_progress`, once, before the first item."""
         if self._head_sent:
             return ""
