@@ -59,6 +59,25 @@ class SimConfig(_Section):
     )
 
 
+class SpeculationConfig(_Section):
+    """`scheduler.speculation`: several tokens per row per step, exactly the output of one at a time
+    (docs/speculative.md). `ngram` proposes what followed the row's last n tokens earlier in its own
+    text (prompt lookup: no draft model) and verifies the proposals in the step's one forward."""
+
+    method: Literal["ngram"]
+    num_speculative_tokens: int = Field(ge=1, le=8, description="tokens proposed per row per step (k)")
+    prompt_lookup_min: int = Field(default=1, ge=1, le=16, description="the shortest n-gram matched")
+    prompt_lookup_max: int = Field(default=4, ge=1, le=16, description="the longest n-gram matched (tried first)")
+
+    @model_validator(mode="after")
+    def _check_lookup(self) -> SpeculationConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+        return self
+
+
 class SchedulerConfig(_Section):
     """The `scheduler:` section: how requests share the model's slots."""
 
@@ -84,6 +103,7 @@ class SchedulerConfig(_Section):
         "next step for the frontend's next call (which brings what arrived during the last step), as a fraction of "
         "the last step's time; it holds only while the calls usually come within that (0: never holds)",
     )
+    speculation: SpeculationConfig | None = None
     replicas: int = Field(
         default=1,
         ge=1,
@@ -398,6 +418,7 @@ class ServingConfig(BaseModel):
                 "model-config.yaml: handler.lora: backend neuronx (transformers-neuronx) serves no LoRA adapters; "
                 "use backend nxdi (NxD Inference's multi-LoRA serving) or hf"
             )
+        _check_speculation(scheduler, handler)
         if scheduler.mode == "static" and micro.micro_batch_size > batch_size:
             raise ConfigError(
                 f"model-config.yaml: micro_batching.micro_batch_size ({micro.micro_batch_size}) is above batchSize "
@@ -548,6 +569,23 @@ def _check_workers(scheduler: SchedulerConfig, raw: dict[str, Any]) -> None:
             f"model-config.yaml: minWorkers/maxWorkers ({workers}) must be 1 with scheduler.mode continuous: "
             "TorchServe's frontend stalls a worker's next step while another worker idles. Serve more requests "
             "per worker with scheduler.n_slots, or run more model copies in the one worker with scheduler.replicas"
+        )
+
+
+def _check_speculation(scheduler: SchedulerConfig, handler: HandlerConfig) -> None:
+    """Speculation where its tokens can be verified exactly: the step engine's rows on backend hf."""
+    if scheduler.speculation is None:
+        return
+    if scheduler.mode == "static":
+        raise ConfigError(
+            "model-config.yaml: scheduler.speculation needs scheduler.mode continuous (the step engine gives a row "
+            "several tokens a step); static mode decodes one token at a time"
+        )
+    if handler.backend != "hf":
+        raise ConfigError(
+            f"model-config.yaml: scheduler.speculation: backend {handler.backend} does not verify proposed tokens; "
+            "prompt lookup (method ngram) is served on backend hf. transformers-neuronx's speculative models take one "
+            "sequence at a time (no continuous batching); EAGLE on nxdi is not served yet"
         )
 
 

@@ -113,15 +113,23 @@ class DecodeRow:
     `max_tokens`: how many tokens the row may take this step, at least 1 and never more than what
     its sequence may still generate (1 unless the backend decodes several tokens a step, e.g. by
     speculation: `Backend.tokens_per_step`). `adapter_id`: the LoRA adapter the row runs with, by
-    name (None: the base model); the same as its prefill's."""
+    name (None: the base model); the same as its prefill's. `proposal`: tokens guessed to follow
+    (speculative decoding: handler/engine/ngram.py), at most `max_tokens` - 1; the backend verifies
+    them in the step's forward and takes those the model would have chosen, or ignores them (a row
+    it cannot verify exactly decodes one token)."""
 
     slot: int
     max_tokens: int = 1
     adapter_id: str | None = None
+    proposal: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"slot {self.slot}: a decode row takes at least 1 token, not {self.max_tokens}")
+        if len(self.proposal) >= self.max_tokens:
+            raise ValueError(
+                f"slot {self.slot}: {len(self.proposal)} proposed tokens, but the row may take {self.max_tokens}"
+            )
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,9 @@
 #                            and the hf decode step in-process, 8 base rows vs 4 adapters x 2 rows (and the bare model);
 #                            its files under build/bench-lora/; bench_results/bench-lora.json (about 3 min on 2 cores)
 # make bench-lora LORA_BENCH_ARGS="--requests-per-client 8 --repeats 2 --rank 16 --targets q_proj,k_proj,v_proj,o_proj"
+# make bench-speculation     prompt-lookup speculation on the default model (hf, in-process, 4 greedy rows): tok/s and
+#                            steps for a copy-heavy and a free answer, k = 0, 3, 5, the ratio to k = 0 (texts must be equal);
+#                            bench_results/bench-speculation.json (about 1 min; not in make bench)
 BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
 BENCH_LONG ?=
@@ -54,12 +57,13 @@ MEMORY_ARGS ?=
 EMBED_BENCH_ARGS ?=
 FRONTEND_BENCH_ARGS ?=
 HOSTILE_ARGS ?=
+SPECULATION_BENCH_ARGS ?=
 LORA_BENCH_ARGS ?=
 # make bench ends with bench-embed (P13) and bench-lora (P15); 0 leaves each out.
 BENCH_EMBED ?= 1
 BENCH_LORA ?= 1
 
-.PHONY: bench bench-isolation bench-memory bench-embed bench-frontends bench-hostile bench-lora
+.PHONY: bench-speculation bench bench-isolation bench-memory bench-embed bench-frontends bench-hostile bench-lora
 
 bench: venv model
 	$(PY) -m scripts.bench.suite --backend $(BACKEND) --profile $(BENCH_PROFILE) \
@@ -86,3 +90,7 @@ bench-hostile: venv model
 bench-lora: venv model
 	$(PY) -m scripts.bench.lora --model-dir $(REAL_MODEL_DIR) --model-config $(MODEL_CONFIG) \
 		--workdir $(BUILD)/bench-lora --out bench_results/bench-lora.json $(LORA_BENCH_ARGS)
+
+bench-speculation: venv model
+	$(PY) -m scripts.bench.speculation --model-dir $(REAL_MODEL_DIR) $(SPECULATION_BENCH_ARGS)
+

@@ -119,6 +119,11 @@ class Backend(ABC):
         in `rows` order, 1 to `row.max_tokens` each. This default: `decode`'s one token per row.
         A row runs with the adapter its slot was prefilled with (`slot_adapter`); a row naming
         another fails alone (a 400 on `model`), never silently generated without it."""
+        self.check_row_adapters(rows)
+        return [[choice] for choice in self.decode([row.slot for row in rows])]
+
+    def check_row_adapters(self, rows: Sequence[DecodeRow]) -> None:
+        """Each row names the adapter its slot was prefilled with; SlotRequestError for one that does not."""
         for row in rows:
             bound = self.slot_adapter(row.slot)
             if row.adapter_id != bound:
@@ -133,7 +138,6 @@ class Backend(ABC):
                     f"{bound!r}{served}",
                     "model",
                 )
-        return [[choice] for choice in self.decode([row.slot for row in rows])]
 
     @abstractmethod
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:

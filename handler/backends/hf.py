@@ -19,6 +19,11 @@ request's tokens are those it gets alone.
 LoRA adapters (`hf_lora.HFAdapters`, PEFT): a slot runs with the adapter its prefill named, every
 step; one decode forward mixes rows of different adapters and base rows, each row getting only its
 own adapter's change, so a row's tokens are still those it gets alone.
+
+Speculation (`scheduler.speculation`, `decode_plan` with rows carrying proposals): a row's next
+token and its proposed ones go through the same forward, and it takes the proposals the sampler
+picks at their positions, then the pick after them; positions of rejected proposals stay in the
+stacked cache with a 0 in the mask (holes), dropped at the next restack.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ from handler.backends.host_sampling import HostSampling
 from handler.backends.kv_cache import AppendCache, ForwardKwargs, LayerKV, layers_of, stack, truncate, unpad_row
 from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import HandlerConfig
-from handler.request import GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
+from handler.request import DecodeRow, GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
 from handler.sampling.logprobs import prompt_logprobs
+from handler.sampling.speculative import accept_greedy
 
 if TYPE_CHECKING:
     from handler.lora.adapters import AdapterSpec
@@ -88,15 +94,24 @@ class _Batch:
         return not self.stale and len(slots) == len(self.slots) and set(slots) == set(self.slots)
 
     def row_kv(self, slot: int, length: int) -> list[LayerKV]:
-        return unpad_row(layers_of(self.cache), self.slots.index(slot), self.mask.shape[1] - length)
+        row = self.slots.index(slot)
+        if int(self.mask[row, -length:].sum()) == length:  # contiguous: left padding only (a view)
+            return unpad_row(layers_of(self.cache), row, self.mask.shape[1] - length)
+        # Speculation left holes (rejected proposals' positions, masked out): its positions only (a copy).
+        kept = self.mask[row].nonzero().squeeze(1)
+        return [
+            (keys[row : row + 1, :, kept], values[row : row + 1, :, kept]) for keys, values in layers_of(self.cache)
+        ]
 
 
 class HFBackend(Backend):
     name = "hf"
 
-    def __init__(self, config: HandlerConfig, checkpoint: Path, n_slots: int) -> None:
+    def __init__(self, config: HandlerConfig, checkpoint: Path, n_slots: int, speculative_tokens: int = 0) -> None:
+        """`speculative_tokens`: the most proposed tokens a decode row may carry (scheduler.speculation's k)."""
         if n_slots < 1:
             raise ValueError(f"n_slots must be at least 1, got {n_slots}")
+        self.tokens_per_step = 1 + speculative_tokens
         if config.cpu_threads is not None:
             # On a small host the model's threads compete with the TorchServe frontend and the
             # clients; leaving them a core can serve more tokens/s, not fewer.
@@ -166,6 +181,14 @@ class HFBackend(Backend):
             raise
         return choices
 
+    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        """One token per row, or, for rows with proposed tokens (speculation), the proposals the
+        model itself would have chosen and the one after them, from the same forward."""
+        self.check_row_adapters(rows)
+        if not any(row.proposal for row in rows):
+            return [[choice] for choice in self.decode([row.slot for row in rows])]
+        return self._verify(rows)
+
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         slots = tuple(slots)
         self._check_live(slots)
@@ -198,6 +221,62 @@ class HFBackend(Backend):
                 state.next_token = choice.token_id
                 picked[slot] = choice
         return [picked[slot] for slot in slots]
+
+    def _verify(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        """Speculation's step: each row's next token and its proposals in one forward (padded to
+        the longest; pads masked), then per row the proposals equal to what the sampler picks at
+        their positions and the pick after the last of them (`accept_greedy`). Only a row whose
+        pick keeps no state (`HostSampling.stateless`: greedy, unshaped) uses its proposals: its
+        pick at each position is then exactly the pick of a step of its own; any other row takes
+        its one token as without speculation. The positions of rejected proposals stay in the
+        stacked cache, masked out, until the next restack drops them."""
+        slots = tuple(row.slot for row in rows)
+        self._check_live(slots)
+        proposals = {row.slot: row.proposal if self.sampling.stateless(row.slot) else () for row in rows}
+        with torch.inference_mode():
+            batch = self._batch
+            if batch is None or not batch.reusable_for(slots):
+                batch = self._restack(slots)
+            states = [self._slots[slot] for slot in batch.slots]
+            width = batch.mask.shape[1]
+            span = 1 + max(len(proposals[slot]) for slot in batch.slots)
+            ids = torch.zeros((len(states), span), dtype=torch.long)
+            fresh = torch.zeros((len(states), span), dtype=torch.long)
+            for i, (slot, state) in enumerate(zip(batch.slots, states, strict=True)):
+                proposal = proposals[slot]
+                ids[i, : 1 + len(proposal)] = torch.tensor([state.next_token, *proposal], dtype=torch.long)
+                fresh[i, : 1 + len(proposal)] = 1
+            mask = torch.cat([batch.mask, fresh], dim=1)
+            positions = torch.stack([state.length + torch.arange(span, dtype=torch.long) for state in states])
+            try:
+                out = self.adapters.forward(
+                    [state.adapter for state in states],
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    **self._forward_kwargs(batch.cache, last_only=False),
+                )
+                firsts = self.sampling.next_tokens(batch.slots, out.logits[:, 0])
+                taken: dict[int, list[TokenChoice]] = {}
+                for i, slot in enumerate(batch.slots):
+                    proposal = proposals[slot]
+                    if not proposal:
+                        taken[slot] = [firsts[i]]
+                        continue
+                    later = self.sampling.next_tokens([slot] * len(proposal), out.logits[i, 1 : 1 + len(proposal)])
+                    picks = [firsts[i], *later]
+                    accepted = accept_greedy(proposal, [choice.token_id for choice in picks])
+                    taken[slot] = picks[: len(accepted)]
+            except BaseException:
+                batch.cache = truncate(batch.cache, width)  # what the layers before a failure appended
+                raise
+            for i, (slot, state) in enumerate(zip(batch.slots, states, strict=True)):
+                count = len(taken[slot])  # the next token and the accepted proposals are in the cache now
+                mask[i, width + count :] = 0
+                state.length += count
+                state.next_token = taken[slot][-1].token_id
+            batch.mask = mask
+        return [taken[slot] for slot in slots]
 
     def release(self, slot: int) -> None:
         """Forget the slot's sequence; releasing a free slot is a no-op."""

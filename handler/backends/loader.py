@@ -116,7 +116,9 @@ def _load(
     if handler.backend == "hf":
         from handler.backends.hf import HFBackend
 
-        return HFBackend(handler, checkpoint, config.scheduler.n_slots)
+        speculation = config.scheduler.speculation
+        k = speculation.num_speculative_tokens if speculation is not None else 0
+        return HFBackend(handler, checkpoint, config.scheduler.n_slots, speculative_tokens=k)
     if handler.backend == "sim":
         from handler.backends.sim import SimBackend
 

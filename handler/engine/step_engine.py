@@ -28,6 +28,7 @@ whose next step nobody else waits for, is never held.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -39,6 +40,7 @@ from pathlib import Path
 from handler import failpoints
 from handler.backends.base import Backend
 from handler.engine.between_steps import BetweenSteps, failed, run_jobs, run_unloads
+from handler.engine.ngram import NgramProposer
 from handler.engine.outbox import Outboxes, Update
 from handler.engine.plan import Admission
 from handler.engine.scheduler import SlotScheduler
@@ -83,8 +85,10 @@ class StepEngine:
         clock: Callable[[], float] = time.perf_counter,
         admission_wait: float = 0.0,
         max_adapters: int | None = None,
+        proposer: NgramProposer | None = None,
     ) -> None:
         self.backend = backend
+        self.proposer = proposer  # speculation: each decode row's guessed next tokens (engine/ngram.py)
         self.scheduler: SlotScheduler[Sequence] = SlotScheduler(backend.n_slots, prefill_token_budget, max_adapters)
         self._clock = clock
         self._changed = threading.Condition()  # guards everything below; notified after each step
@@ -300,11 +304,19 @@ class StepEngine:
         self._decoded_tokens = 0
         prefill_s = self._prefill(list(plan.prefill)) if plan.prefill else None
         live = dict(self.scheduler.running())  # after the prefill: without the sequences it ended
-        rows = [(row, live[row.slot]) for row in plan.decode_rows(live)]
+        rows = [(self._proposed(row, live[row.slot]), live[row.slot]) for row in plan.decode_rows(live)]
         decode_s = self._decode(rows) if rows else None
         self._finish_step(prefill_s, decode_s, len(plan.prefill), len(rows))
         self._run_between_steps()  # an adapter whose last sequence ended now goes now, not at the next arrival
         return True
+
+    def _proposed(self, row: DecodeRow, sequence: Sequence) -> DecodeRow:
+        """The row with the tokens the proposer guesses follow its text, as many as it may take
+        beyond the one it always gets."""
+        if self.proposer is None or row.max_tokens < 2:
+            return row
+        proposal = self.proposer.propose([*sequence.prompt_ids, *sequence.token_ids])[: row.max_tokens - 1]
+        return dataclasses.replace(row, proposal=proposal) if proposal else row
 
     def _run_between_steps(self) -> None:
         with self._changed:

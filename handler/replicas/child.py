@@ -22,6 +22,7 @@ from pathlib import Path
 
 from handler.backends.base import Backend
 from handler.backends.loader import load_backend
+from handler.engine.ngram import NgramProposer
 from handler.engine.sequence import Sequence
 from handler.engine.step_engine import StepEngine
 from handler.grammar import matchers
@@ -64,11 +65,16 @@ class Replica:
     """One model copy's step loop, reporting to the worker over `conn`."""
 
     def __init__(
-        self, backend: Backend, prefill_token_budget: int, conn: Connection, max_adapters: int | None = None
+        self,
+        backend: Backend,
+        prefill_token_budget: int,
+        conn: Connection,
+        max_adapters: int | None = None,
+        proposer: NgramProposer | None = None,
     ) -> None:
         self.backend = backend
         self.conn = conn
-        self.engine = StepEngine(backend, prefill_token_budget, max_adapters=max_adapters)
+        self.engine = StepEngine(backend, prefill_token_budget, max_adapters=max_adapters, proposer=proposer)
         self.engine.on_step = self._report
         self._lock = threading.Lock()  # guards _reported and the sending side of conn
         self._reported: dict[str, tuple[Sequence, int]] = {}  # request id: its sequence, tokens reported
@@ -175,7 +181,13 @@ def run(conn: Connection) -> int:
         logger.exception("replica %d failed to start", spec.index)
         conn.send(StartFailed(describe(exc)))
         return 1
-    replica = Replica(backend, spec.config.scheduler.prefill_token_budget, conn, spec.config.max_adapters)
+    replica = Replica(
+        backend,
+        spec.config.scheduler.prefill_token_budget,
+        conn,
+        spec.config.max_adapters,
+        NgramProposer.of(spec.config.scheduler.speculation),
+    )
     load_s = time.perf_counter() - started
     logger.info("replica %d ready in %.1f s", spec.index, load_s)
     replica.ready(facts_of(backend), load_s)

@@ -1,5 +1,6 @@
 """Accepting proposed tokens so that the output keeps exactly the distribution of decoding one token
-at a time (issue 45, speculative decoding; the verify step that calls these is not wired yet).
+at a time (speculative decoding, docs/speculative.md). The hf backend's verify step takes greedy rows'
+tokens with `accept_greedy`; `accept_sampled`, for sampled rows, is not wired yet.
 
 A row proposes k tokens x_1..x_k (prompt lookup: handler/engine/ngram.py); one forward of the row
 with them gives the target's next-token distribution at each of the k + 1 positions, p_1..p_{k+1},

@@ -6,6 +6,7 @@ from pydantic import ValidationError
 
 from handler.config import ServingConfig
 from handler.errors import ConfigError
+from handler.request import DecodeRow
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,3 +140,43 @@ def test_a_missing_or_oversized_job_queue_is_a_warning(caplog):
         assert "jobQueueSize" not in caplog.text
         ServingConfig.from_model_yaml({**minimal(), "jobQueueSize": 1000})
     assert "jobQueueSize 1000 is above 32 x the worker's slots (4, replicas x n_slots)" in caplog.text
+
+
+# -- scheduler.speculation (issue 45) ----------------------------------------------------------
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def test_speculation_is_read_and_off_when_absent():
+    assert ServingConfig.from_model_yaml(minimal()).scheduler.speculation is None
+    raw = {**minimal(), "scheduler": {"speculation": {**NGRAM, "prompt_lookup_max": 2}}}
+    speculation = ServingConfig.from_model_yaml(raw).scheduler.speculation
+    assert (speculation.num_speculative_tokens, speculation.prompt_lookup_min, speculation.prompt_lookup_max) == (
+        3,
+        1,
+        2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({**static(), "scheduler": {"mode": "static", "speculation": NGRAM}}, "needs scheduler.mode continuous"),
+        ({**minimal(backend="neuronx"), "scheduler": {"speculation": NGRAM}}, "backend neuronx does not verify"),
+        ({**minimal(backend="sim"), "scheduler": {"speculation": NGRAM}}, "backend sim does not verify"),
+        ({**minimal(), "scheduler": {"speculation": {**NGRAM, "num_speculative_tokens": 9}}}, "num_speculative_tokens"),
+        (
+            {**minimal(), "scheduler": {"speculation": {**NGRAM, "prompt_lookup_min": 3, "prompt_lookup_max": 2}}},
+            "prompt_lookup_min",
+        ),
+        ({**minimal(), "scheduler": {"speculation": {"method": "eagle", "num_speculative_tokens": 3}}}, "method"),
+    ],
+)
+def test_speculation_is_refused_where_it_cannot_be_exact(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        ServingConfig.from_model_yaml(raw)
+
+
+def test_a_decode_row_carries_fewer_proposals_than_it_may_take_tokens():
+    assert DecodeRow(0, 3, proposal=(1, 2)).proposal == (1, 2)
+    with pytest.raises(ValueError, match="3 proposed tokens, but the row may take 3"):
+        DecodeRow(0, 3, proposal=(1, 2, 3))
