@@ -193,6 +193,12 @@ class ResponsesConfig(_Section):
     """`handler.responses`: the Responses API's stored responses (`store: true`, OpenAI's default), kept
     per worker so that `previous_response_id` continues a conversation (docs/openai.md#responses)."""
 
+    # Each stored response repeats the conversation before it, so a conversation of n turns of t bytes
+    # stores about n²t/2 over its life. The bound need not hold that: the oldest go first, and a turn
+    # continues from its newest response only, whose size the context window bounds (~0.5 MB of text at
+    # 128K tokens, ~32 KB at 8K): 256 MiB keeps the newest turn of hundreds of conversations at 128K and
+    # thousands at 8K, a few percent of an inf2.xlarge's 16 GiB. Python holds 1.0-1.7x the JSON for
+    # typical turns (measured: handler/api/responses/store.py).
     store_mb: int = Field(
         default=256,
         ge=0,
@@ -200,6 +206,8 @@ class ResponsesConfig(_Section):
         description="the most the worker's stored responses take, in MiB of their JSON (0: store none); the "
         "oldest go first",
     )
+    # OpenAI keeps stored responses 30 days in a database; this is one worker's memory, lost on a restart,
+    # so what relies on it is a conversation going on now (an agent's next call, a person's next message).
     max_age_s: float = Field(
         default=3600.0, gt=0, description="a stored response is forgotten this long after it was stored"
     )

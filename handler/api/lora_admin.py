@@ -11,13 +11,11 @@ from typing import Any
 
 from pydantic import Field, StrictBool, StrictStr
 
-from handler.api.base import Api
 from handler.api.common import Lenient, compact_json, validated
-from handler.api.openai import JSON, error_body
-from handler.engine.sequence import Sequence
-from handler.errors import InvalidRequest, ServingError
+from handler.api.openai import AnsweredApi
+from handler.errors import InvalidRequest
 from handler.lora import ADAPTER_NAME
-from handler.request import AdapterChange, GenerationRequest, Limits
+from handler.request import AdapterChange
 
 
 class LoadBody(Lenient):
@@ -30,7 +28,7 @@ class UnloadBody(Lenient):
     lora_name: StrictStr = Field(pattern=ADAPTER_NAME)  # vLLM's `lora_int_id` is ignored
 
 
-class AdapterAdminApi(Api):
+class AdapterAdminApi(AnsweredApi):
     """One of the two routes: `unload` says which. Generates nothing."""
 
     name = "lora.admin"
@@ -56,18 +54,3 @@ class AdapterAdminApi(Api):
         """The 200 body once the change is applied."""
         status = "unloaded" if change.path is None else "loaded"
         return compact_json({"object": "lora_adapter", "id": change.name, "parent": self.model_name, "status": status})
-
-    def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
-        raise InvalidRequest("this route generates nothing", "url_path")
-
-    def content_type(self, request: GenerationRequest) -> str:
-        return JSON
-
-    def chunk(self, sequence: Sequence, delta: str) -> str:
-        raise NotImplementedError
-
-    def final(self, sequence: Sequence) -> str:
-        raise NotImplementedError
-
-    def error(self, error: ServingError, midstream: bool) -> str:
-        return compact_json(error_body(error))

@@ -447,7 +447,27 @@ class ChatCompletionsApi(_OpenAIGeneration):
         }
 
 
-class ModelsApi(Api):
+class AnsweredApi(Api):
+    """A route answered without generating (`immediate`, or an adapter change), in OpenAI's error
+    format; a body never becomes a generation request."""
+
+    def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
+        raise InvalidRequest("this route generates nothing", "url_path")
+
+    def content_type(self, request: GenerationRequest) -> str:
+        return JSON
+
+    def chunk(self, sequence: Sequence, delta: str) -> str:
+        raise NotImplementedError
+
+    def final(self, sequence: Sequence) -> str:
+        raise NotImplementedError
+
+    def error(self, error: ServingError, midstream: bool) -> str:
+        return compact_json(error_body(error))
+
+
+class ModelsApi(AnsweredApi):
     """`GET /v1/models` (and `/v1/models/<id>`): answered without running the model."""
 
     name = "openai.models"
@@ -469,21 +489,6 @@ class ModelsApi(Api):
         if self.model_id not in names:
             raise NotFound(f"the model '{self.model_id}' does not exist; this server has '{self.model_name}'", "model")
         return compact_json(self._card(self.model_id))
-
-    def parse(self, body: Any, limits: Limits, tokenizer: Any = None) -> GenerationRequest:
-        raise InvalidRequest("v1/models generates nothing", "url_path")
-
-    def content_type(self, request: GenerationRequest) -> str:
-        return JSON
-
-    def chunk(self, sequence: Sequence, delta: str) -> str:
-        raise NotImplementedError
-
-    def final(self, sequence: Sequence) -> str:
-        raise NotImplementedError
-
-    def error(self, error: ServingError, midstream: bool) -> str:
-        return compact_json(error_body(error))
 
 
 def legacy_logprobs(tokens: list[RenderedToken]) -> dict[str, Any]:

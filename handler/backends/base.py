@@ -32,12 +32,11 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
+from handler.lora.adapters import AdapterError, AdapterSpec, read_adapter
 from handler.request import DecodeRow, GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
-
-if TYPE_CHECKING:
-    from handler.lora.adapters import AdapterSpec
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +101,16 @@ class Backend(ABC):
     def unload_adapter(self, name: str) -> None:
         """Forget the adapter; no live row names it (the engine waits for its last one)."""
         raise NotImplementedError(f"the {getattr(self, 'name', 'model')} backend serves no adapters")
+
+    def install_adapter(self, name: str, path: Path, max_rank: int) -> AdapterSpec:
+        """The adapter at `path`, checked against this base model and loaded under `name`, at start
+        and at run time alike; AdapterError naming it."""
+        shapes = self.lora_shapes()
+        if shapes is None:
+            raise AdapterError(f"LoRA adapter {name!r}: the {getattr(self, 'name', 'model')} backend serves none")
+        spec = read_adapter(name, path, max_rank, shapes)
+        self.load_adapter(spec)
+        return spec
 
     def runtime_adapter_refusal(self, unload: bool) -> str | None:
         """Why this backend cannot load (`unload`: unload) a LoRA adapter while it serves; None: it can."""

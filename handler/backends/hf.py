@@ -182,57 +182,32 @@ class HFBackend(Backend):
         return choices
 
     def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
-        """One token per row, or, for rows with proposed tokens (speculation), the proposals the
-        model itself would have chosen and the one after them, from the same forward."""
+        """Without proposals, `decode`'s one token a row (the base contract's step call); with them,
+        the same forward taking the proposals it can verify (`_step`)."""
         self.check_row_adapters(rows)
         if not any(row.proposal for row in rows):
             return [[choice] for choice in self.decode([row.slot for row in rows])]
-        return self._verify(rows)
+        return self._step(rows)
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
-        slots = tuple(slots)
+        return [tokens[0] for tokens in self._step([DecodeRow(slot) for slot in slots])]
+
+    def _step(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        """One forward over the rows: each row's next token, and after it the tokens proposed for
+        it (speculation; padded to the longest, pads masked). A row takes its next token's pick,
+        then the proposals equal to the sampler's picks at their positions and the pick after the
+        last of them (`accept_greedy`). Only a row whose pick keeps no state
+        (`HostSampling.stateless`: greedy, unshaped) uses its proposals: its pick at each position
+        is then exactly the pick of a step of its own; any other row takes its one token. The
+        positions of rejected proposals stay in the stacked cache, masked out, until the next
+        restack drops them."""
+        slots = tuple(row.slot for row in rows)
         self._check_live(slots)
         if not slots:
             return []
-        with torch.inference_mode():
-            batch = self._batch
-            if batch is None or not batch.reusable_for(slots):
-                batch = self._restack(slots)
-            states = [self._slots[slot] for slot in batch.slots]
-            width = batch.mask.shape[1]
-            mask = torch.cat([batch.mask, torch.ones((len(states), 1), dtype=torch.long)], dim=1)
-            try:
-                out = self.adapters.forward(
-                    [state.adapter for state in states],
-                    input_ids=torch.tensor([[state.next_token] for state in states], dtype=torch.long),
-                    attention_mask=mask,
-                    position_ids=torch.tensor([[state.length] for state in states], dtype=torch.long),
-                    **self._forward_kwargs(batch.cache),
-                )
-                choices = self.sampling.next_tokens(batch.slots, out.logits[:, -1])
-            except BaseException:
-                # Layers before the failure appended their column: cut every layer back.
-                batch.cache = truncate(batch.cache, width)
-                raise
-            batch.mask = mask
-            picked: dict[int, TokenChoice] = {}
-            for slot, state, choice in zip(batch.slots, states, choices, strict=True):
-                state.length += 1
-                state.next_token = choice.token_id
-                picked[slot] = choice
-        return [picked[slot] for slot in slots]
-
-    def _verify(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
-        """Speculation's step: each row's next token and its proposals in one forward (padded to
-        the longest; pads masked), then per row the proposals equal to what the sampler picks at
-        their positions and the pick after the last of them (`accept_greedy`). Only a row whose
-        pick keeps no state (`HostSampling.stateless`: greedy, unshaped) uses its proposals: its
-        pick at each position is then exactly the pick of a step of its own; any other row takes
-        its one token as without speculation. The positions of rejected proposals stay in the
-        stacked cache, masked out, until the next restack drops them."""
-        slots = tuple(row.slot for row in rows)
-        self._check_live(slots)
-        proposals = {row.slot: row.proposal if self.sampling.stateless(row.slot) else () for row in rows}
+        proposals = {
+            row.slot: row.proposal if row.proposal and self.sampling.stateless(row.slot) else () for row in rows
+        }
         with torch.inference_mode():
             batch = self._batch
             if batch is None or not batch.reusable_for(slots):
@@ -240,21 +215,21 @@ class HFBackend(Backend):
             states = [self._slots[slot] for slot in batch.slots]
             width = batch.mask.shape[1]
             span = 1 + max(len(proposals[slot]) for slot in batch.slots)
-            ids = torch.zeros((len(states), span), dtype=torch.long)
-            fresh = torch.zeros((len(states), span), dtype=torch.long)
-            for i, (slot, state) in enumerate(zip(batch.slots, states, strict=True)):
-                proposal = proposals[slot]
-                ids[i, : 1 + len(proposal)] = torch.tensor([state.next_token, *proposal], dtype=torch.long)
-                fresh[i, : 1 + len(proposal)] = 1
-            mask = torch.cat([batch.mask, fresh], dim=1)
-            positions = torch.stack([state.length + torch.arange(span, dtype=torch.long) for state in states])
+            pads = [span - 1 - len(proposals[slot]) for slot in batch.slots]
+            ids = [
+                [s.next_token, *proposals[slot], *[0] * pad]
+                for slot, s, pad in zip(batch.slots, states, pads, strict=True)
+            ]
+            fresh = [[1] * (span - pad) + [0] * pad for pad in pads]
+            mask = torch.cat([batch.mask, torch.tensor(fresh, dtype=torch.long)], dim=1)
+            lengths = torch.tensor([[state.length] for state in states], dtype=torch.long)
             try:
                 out = self.adapters.forward(
                     [state.adapter for state in states],
-                    input_ids=ids,
+                    input_ids=torch.tensor(ids, dtype=torch.long),
                     attention_mask=mask,
-                    position_ids=positions,
-                    **self._forward_kwargs(batch.cache, last_only=False),
+                    position_ids=lengths + torch.arange(span, dtype=torch.long),
+                    **self._forward_kwargs(batch.cache, last_only=span == 1),
                 )
                 firsts = self.sampling.next_tokens(batch.slots, out.logits[:, 0])
                 taken: dict[int, list[TokenChoice]] = {}
@@ -265,14 +240,14 @@ class HFBackend(Backend):
                         continue
                     later = self.sampling.next_tokens([slot] * len(proposal), out.logits[i, 1 : 1 + len(proposal)])
                     picks = [firsts[i], *later]
-                    accepted = accept_greedy(proposal, [choice.token_id for choice in picks])
-                    taken[slot] = picks[: len(accepted)]
+                    taken[slot] = picks[: len(accept_greedy(proposal, [choice.token_id for choice in picks]))]
             except BaseException:
                 batch.cache = truncate(batch.cache, width)  # what the layers before a failure appended
                 raise
             for i, (slot, state) in enumerate(zip(batch.slots, states, strict=True)):
                 count = len(taken[slot])  # the next token and the accepted proposals are in the cache now
-                mask[i, width + count :] = 0
+                if count < span:
+                    mask[i, width + count :] = 0
                 state.length += count
                 state.next_token = taken[slot][-1].token_id
             batch.mask = mask

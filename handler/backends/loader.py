@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from handler.backends.base import Backend
 from handler.config import ServingConfig
 from handler.errors import ConfigError
-from handler.lora.adapters import AdapterError, install_adapter
+from handler.lora.adapters import AdapterError
 from handler.neuron.auto import choose_backend, choose_encoder_backend
 from handler.neuron.lora import LoraSettings
 
@@ -67,7 +67,7 @@ def _install_adapters(backend: Backend, config: ServingConfig, model_dir: str | 
         )
     for name, path in config.handler.adapter_paths(model_dir or ".").items():
         try:
-            spec = install_adapter(backend, name, path, lora.max_lora_rank)
+            spec = backend.install_adapter(name, path, lora.max_lora_rank)
         except AdapterError as exc:
             raise ConfigError(f"model-config.yaml: handler.lora.adapters.{name}: {exc}") from exc
         logger.info(

@@ -111,7 +111,14 @@ class EngineClient:
             )
             client = cls(core, engine, handler.step_timeout_s, max_queue_wait_s=handler.max_queue_wait_s)
         if handler.lora is not None and handler.lora.runtime_updates:
-            core.adapter_updates = AdapterUpdates(core, client.engine, core.model_dir, handler.step_timeout_s)
+            core.adapter_updates = AdapterUpdates(
+                core,
+                client.engine,
+                core.backend.runtime_adapter_refusal,
+                handler.lora.max_lora_rank,
+                core.model_dir,
+                handler.step_timeout_s,
+            )
         return client
 
     # -- lifecycle ---------------------------------------------------------------------------

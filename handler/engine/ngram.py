@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 
 @dataclass(frozen=True)
@@ -36,14 +35,19 @@ class NgramProposer:
             return None
         return cls(settings.num_speculative_tokens, settings.prompt_lookup_min, settings.prompt_lookup_max)
 
-    def propose(self, tokens: Sequence[int]) -> tuple[int, ...]:
-        """Up to `k` tokens to verify after `tokens` (the row's prompt and output so far)."""
+    def propose(self, tokens: Sequence[int] | np.ndarray) -> tuple[int, ...]:
+        """Up to `k` tokens to verify after `tokens` (the row's prompt and output so far). Only the
+        earlier places of the last token are candidates; each longer n keeps those whose n - 1
+        tokens before also match, so a step costs one pass over the text, not one per n."""
         ids = np.asarray(tokens, dtype=np.int64)
+        if len(ids) < 2:
+            return ()
+        ends = np.flatnonzero(ids[:-1] == ids[-1])  # where an earlier n-gram would end (its last token)
         for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
-            suffix = ids[-n:]
-            windows = sliding_window_view(ids[:-1], n)  # every n-gram that ends before the last token
-            hits = np.flatnonzero((windows == suffix).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + n  # what followed the most recent earlier occurrence
+            matching = ends[ends >= n - 1]
+            for back in range(1, n):
+                matching = matching[ids[matching - back] == ids[-1 - back]]
+            if matching.size:
+                start = int(matching[-1]) + 1  # what followed the most recent earlier occurrence
                 return tuple(int(t) for t in ids[start : start + self.k])
         return ()

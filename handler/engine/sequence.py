@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from handler.engine.detokenizer import IncrementalDetokenizer
 from handler.engine.stops import StopStringMatcher
 from handler.errors import InvalidRequest, ServingError
@@ -78,6 +80,27 @@ class Sequence:
         self.response_id = self.response_id or self.request_id
         self._detokenizer = IncrementalDetokenizer(self.tokenizer, self.prompt_ids)
         self._stops = StopStringMatcher(self.request.stop)
+        self._history = np.empty(0, dtype=np.int64)  # prompt + output ids, filled up to `_history_filled`
+        self._history_filled = 0
+
+    def token_history(self) -> np.ndarray:
+        """The prompt's and the output's token ids as one array (a view). Kept between calls and
+        extended by what came since, so reading it every step (speculation's proposals) costs the
+        new tokens, not the whole text."""
+        total = len(self.prompt_ids) + len(self.token_ids)
+        if total > len(self._history):
+            grown = np.empty(max(total, 2 * len(self._history)), dtype=np.int64)
+            grown[: self._history_filled] = self._history[: self._history_filled]
+            self._history = grown
+        if self._history_filled < total:
+            prompt = len(self.prompt_ids)
+            start = self._history_filled
+            if start < prompt:
+                self._history[start:prompt] = self.prompt_ids[start:]
+                start = prompt
+            self._history[start:total] = self.token_ids[start - prompt :]
+            self._history_filled = total
+        return self._history[:total]
 
     def slot_request(self, slot: int) -> SlotRequest:
         """What the backend needs to prefill this sequence into `slot`."""

@@ -46,7 +46,7 @@ from handler.engine.plan import Admission
 from handler.engine.scheduler import SlotScheduler
 from handler.engine.sequence import Sequence
 from handler.errors import EngineError, InvalidRequest, ServingError
-from handler.lora.adapters import AdapterError, install_adapter
+from handler.lora.adapters import AdapterError
 from handler.request import DecodeRow, SlotRequestError, TokenChoice
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class StepEngine:
                 )
 
             def load() -> None:
-                install_adapter(self.backend, name, path, max_rank)
+                self.backend.install_adapter(name, path, max_rank)
 
             future = self._between.add(load)
             self._changed.notify_all()
@@ -315,7 +315,7 @@ class StepEngine:
         beyond the one it always gets."""
         if self.proposer is None or row.max_tokens < 2:
             return row
-        proposal = self.proposer.propose([*sequence.prompt_ids, *sequence.token_ids])[: row.max_tokens - 1]
+        proposal = self.proposer.propose(sequence.token_history())[: row.max_tokens - 1]
         return dataclasses.replace(row, proposal=proposal) if proposal else row
 
     def _run_between_steps(self) -> None:

@@ -15,12 +15,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from safetensors import safe_open
-
-if TYPE_CHECKING:
-    from handler.backends.base import Backend
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -79,17 +75,6 @@ def read_adapter(name: str, path: Path, max_rank: int, base_shapes: Mapping[str,
         targets,
         str(config.get("base_model_name_or_path") or ""),
     )
-
-
-def install_adapter(backend: Backend, name: str, path: Path, max_rank: int) -> AdapterSpec:
-    """The adapter at `path`, checked against `backend`'s base model and loaded on it under `name`
-    (at start and at run time alike); raises AdapterError naming it."""
-    shapes = backend.lora_shapes()
-    if shapes is None:
-        raise AdapterError(f"LoRA adapter {name!r}: the {backend.name} backend serves no LoRA adapters")
-    spec = read_adapter(name, path, max_rank, shapes)
-    backend.load_adapter(spec)
-    return spec
 
 
 def _check_weights(

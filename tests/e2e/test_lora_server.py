@@ -18,19 +18,18 @@ from typing import Any
 
 import openai
 import pytest
-import torch
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError
 
-from handler.backends.hf import DTYPE_KWARG
 from scripts.serve.torchserve_compat import has_secure_defaults
 from tests.e2e.conftest import E2E_MODEL_CONFIG
-from tests.support.asgi_frontend import ASGI, AsgiFrontend, running_asgi_frontend
+from tests.support.asgi_frontend import ASGI, AsgiFrontend
 from tests.support.lora import peft_generate, tiny_lora_adapters
 from tests.support.modes import with_mode
+from tests.support.openai import one_server, openai_url, server_key
 from tests.support.streaming import timed
 from tests.support.tgi import _hub_online
-from tests.support.torchserve_process import TorchServe, start_torchserve
+from tests.support.torchserve_process import TorchServe
 
 __all__ = ["_hub_online", "tiny_lora_adapters"]
 
@@ -66,17 +65,9 @@ def served(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[TorchServe | AsgiFrontend]:
     """One server at a time: the torchserve, stopped, then the ASGI frontend."""
-    config = lora_config(tiny_lora_adapters)
-    if request.param == ASGI:
-        with running_asgi_frontend(tmp_path_factory.mktemp("asgi-lora"), tiny_model_dir, config) as frontend:
-            yield frontend
-        return
-    ts = start_torchserve(tmp_path_factory.mktemp("torchserve-lora"), tiny_model_dir, config)
-    ts.mode = "continuous"
-    try:
-        yield ts
-    finally:
-        ts.stop()
+    workdir = tmp_path_factory.mktemp("lora")
+    with one_server(request.param, workdir, tiny_model_dir, lora_config(tiny_lora_adapters)) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -86,22 +77,9 @@ def reference(tiny_model_dir: Path, tiny_lora_adapters: dict[str, Path], tiny_to
     chosen (min_new_tokens, as the OpenAI requests' ignore_eos), so one long run gives every shorter one.
     InferenceClient cannot send ignore_eos, but on this prompt greedy picks no EOS in its N_TOKENS tokens, with
     or without an adapter (the tiny model and the adapters come from fixed seeds)."""
-    from transformers import AutoModelForCausalLM
-
     prompt = tuple(tiny_tokenizer(PROMPT)["input_ids"])
     ids = {name: peft_generate(tiny_model_dir, tiny_lora_adapters[name], prompt, LONG_TOKENS) for name in ADAPTERS}
-    model = AutoModelForCausalLM.from_pretrained(
-        tiny_model_dir, local_files_only=True, **{DTYPE_KWARG: torch.float32}
-    ).eval()
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=torch.tensor([prompt]),
-            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
-            max_new_tokens=LONG_TOKENS,
-            min_new_tokens=LONG_TOKENS,
-            do_sample=False,
-        )
-    ids[None] = out[0, len(prompt) :].tolist()
+    ids[None] = peft_generate(tiny_model_dir, None, prompt, LONG_TOKENS)
     texts = {name: tiny_tokenizer.decode(ids[name][:N_TOKENS], skip_special_tokens=True) for name in NAMES}
     assert len(set(texts.values())) == len(NAMES), texts  # each adapter changes the greedy text
 
@@ -111,21 +89,13 @@ def reference(tiny_model_dir: Path, tiny_lora_adapters: dict[str, Path], tiny_to
     return text
 
 
-def api_key(server: TorchServe | AsgiFrontend) -> str:
-    """TorchServe's inference key (read now: it is renewed on expiry), the frontend's key; any non-empty
-    key where TorchServe has no token auth (0.11)."""
-    return server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")
-
-
 def openai_client(server: TorchServe | AsgiFrontend) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{server.predictions_url}/1.0/v1", api_key=api_key(server), max_retries=0, timeout=60
-    )
+    return openai.OpenAI(base_url=openai_url(server), api_key=server_key(server), max_retries=0, timeout=60)
 
 
 def tgi_client(server: TorchServe | AsgiFrontend) -> InferenceClient:
     """huggingface_hub's client on the server's TGI `generate` route (tests/support/tgi.py)."""
-    return InferenceClient(base_url=f"{server.predictions_url}/1.0/generate", api_key=api_key(server), timeout=60)
+    return InferenceClient(base_url=f"{server.predictions_url}/1.0/generate", api_key=server_key(server), timeout=60)
 
 
 def completion(client: openai.OpenAI, model: str, n: int = N_TOKENS, **extra: Any) -> Any:

@@ -32,9 +32,10 @@ import pytest
 from pydantic import BaseModel, Field
 
 from scripts.serve.torchserve_compat import has_secure_defaults
-from tests.support.asgi_frontend import ASGI, AsgiFrontend, running_asgi_frontend
+from tests.support.asgi_frontend import ASGI, AsgiFrontend
+from tests.support.openai import one_server, openai_url, server_key
 from tests.support.real_model import REAL_MODEL_CONFIG, real_model_dir, real_tokenizer
-from tests.support.torchserve_process import TorchServe, start_torchserve
+from tests.support.torchserve_process import TorchServe
 
 __all__ = ["real_model_dir", "real_tokenizer"]
 
@@ -65,32 +66,15 @@ def served(
     request: pytest.FixtureRequest, real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TorchServe | AsgiFrontend]:
     """One server at a time: the torchserve, stopped, then the ASGI frontend."""
-    if request.param == ASGI:
-        with running_asgi_frontend(tmp_path_factory.mktemp("asgi-responses"), real_model_dir, REAL_MODEL_CONFIG) as fe:
-            yield fe
-        return
-    if not has_secure_defaults():
+    if request.param != ASGI and not has_secure_defaults():
         pytest.skip(NOT_ROUTED_ON_0_11)
-    ts = start_torchserve(tmp_path_factory.mktemp("torchserve-responses"), real_model_dir, REAL_MODEL_CONFIG)
-    ts.mode = "continuous"
-    try:
-        yield ts
-    finally:
-        ts.stop()
-
-
-def api_key(server: TorchServe | AsgiFrontend) -> str:
-    """TorchServe's inference key (read now: it is renewed on expiry), the frontend's key."""
-    return server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")
-
-
-def base_url(server: TorchServe | AsgiFrontend) -> str:
-    return f"{server.predictions_url}/1.0/v1"
+    with one_server(request.param, tmp_path_factory.mktemp("responses"), real_model_dir, REAL_MODEL_CONFIG) as server:
+        yield server
 
 
 @pytest.fixture
 def client(served: TorchServe | AsgiFrontend) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url(served), api_key=api_key(served), max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=openai_url(served), api_key=server_key(served), max_retries=0, timeout=120)
 
 
 def prompt_tokens(tokenizer: Any, messages: list[dict[str, str]]) -> int:
@@ -186,7 +170,7 @@ def test_a_stored_response_is_retrieved_listed_continued_and_deleted(served, cli
         client.responses.delete(first.id)
         assert client.responses.retrieve(first.id).id == first.id
         return
-    top_level = openai.OpenAI(base_url=f"{served.url}/v1", api_key=api_key(served), max_retries=0, timeout=120)
+    top_level = openai.OpenAI(base_url=f"{served.url}/v1", api_key=server_key(served), max_retries=0, timeout=120)
     assert top_level.responses.retrieve(first.id).model_dump() == first.model_dump()  # one store, both paths
     client.responses.delete(first.id)  # through TorchServe's path, which the ASGI frontend serves too
     with pytest.raises(openai.NotFoundError) as gone:
@@ -210,7 +194,7 @@ def test_an_agent_calls_its_function_tool_then_answers(served, streamed: bool):
 
     async def run() -> tuple[Any, list[str]]:
         model_client = openai.AsyncOpenAI(
-            base_url=base_url(served), api_key=api_key(served), max_retries=0, timeout=120
+            base_url=openai_url(served), api_key=server_key(served), max_retries=0, timeout=120
         )
         agent = agents.Agent(
             name="weather",
@@ -255,8 +239,8 @@ def chat_model(server: TorchServe | AsgiFrontend) -> Any:
     )
     return langchain_openai.ChatOpenAI(
         use_responses_api=True,
-        base_url=base_url(server),
-        api_key=api_key(server),
+        base_url=openai_url(server),
+        api_key=server_key(server),
         model=server.model_name,
         temperature=0,
         max_tokens=MAX_TOKENS,

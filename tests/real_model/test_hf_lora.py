@@ -15,7 +15,7 @@ from handler.backends.hf import DTYPE_KWARG, HFBackend
 from handler.config import HandlerConfig
 from handler.lora.adapters import read_adapter
 from handler.request import DecodeRow, SlotRequest
-from tests.support.lora import make_lora_adapter
+from tests.support.lora import greedy_generate, make_lora_adapter
 
 N_TOKENS = 10
 ROWS = (  # slot, prompt, adapter
@@ -31,18 +31,6 @@ def adapters(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return {name: make_lora_adapter(real_model_dir, root / name, seed) for name, seed in (("a", 1), ("b", 2))}
 
 
-def generate(model: torch.nn.Module, prompt: list[int]) -> list[int]:
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=torch.tensor([prompt]),
-            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
-            max_new_tokens=N_TOKENS,
-            min_new_tokens=N_TOKENS,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()
-
-
 def test_adapters_on_the_default_model_are_peft_s_and_mix_in_one_step(real_model_dir, adapters):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -55,13 +43,13 @@ def test_adapters_on_the_default_model_are_peft_s_and_mix_in_one_step(real_model
 
     # The reference: transformers' generate on the base model, then peft's with each adapter.
     model = AutoModelForCausalLM.from_pretrained(real_model_dir, local_files_only=True, **{DTYPE_KWARG: torch.float32})
-    expected = {slot: generate(model.eval(), prompts[slot]) for slot, _, name in ROWS if name is None}
+    expected = {slot: greedy_generate(model.eval(), prompts[slot], N_TOKENS) for slot, _, name in ROWS if name is None}
     peft_model = PeftModel.from_pretrained(model, str(adapters["a"]), adapter_name="a").eval()
     peft_model.load_adapter(str(adapters["b"]), adapter_name="b")
     for slot, _, name in ROWS:
         if name is not None:
             peft_model.set_adapter(name)
-            expected[slot] = generate(peft_model, prompts[slot])
+            expected[slot] = greedy_generate(peft_model, prompts[slot], N_TOKENS)
     assert expected[0] != expected[1] != expected[2] != expected[0]  # the adapters change the output
 
     # The three rows at once: every decode step is one forward over a base row, an a row and a b row.

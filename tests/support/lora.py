@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,22 +69,31 @@ def tiny_lora_adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFa
     }
 
 
-def peft_generate(model_dir: Path, adapter: Path, prompt: tuple[int, ...], n: int) -> list[int]:
-    """PEFT's own greedy output with the adapter, in-process: the reference."""
+def greedy_generate(model: Any, prompt: Sequence[int], n: int) -> list[int]:
+    """transformers' own greedy `generate` of exactly `n` tokens (EOS never chosen): a reference."""
     import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
-    from handler.backends.hf import DTYPE_KWARG
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, **{DTYPE_KWARG: torch.float32})
-    peft_model = PeftModel.from_pretrained(model, str(adapter)).eval()
     with torch.inference_mode():
-        out = peft_model.generate(
-            input_ids=torch.tensor([prompt]),
+        out = model.generate(
+            input_ids=torch.tensor([list(prompt)]),
             attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
             max_new_tokens=n,
             min_new_tokens=n,
             do_sample=False,
         )
     return out[0, len(prompt) :].tolist()
+
+
+def peft_generate(model_dir: Path, adapter: Path | None, prompt: Sequence[int], n: int) -> list[int]:
+    """PEFT's own greedy output with the adapter (None: the base model alone), in-process: the reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from handler.backends.hf import DTYPE_KWARG
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, **{DTYPE_KWARG: torch.float32})
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
+    return greedy_generate(model.eval(), prompt, n)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -7,7 +8,7 @@ from typing import Any
 import pytest
 
 from handler.inf2_handler import Inf2StreamingHandler
-from tests.support.asgi_frontend import ASGI, AsgiFrontend, start_asgi_frontend
+from tests.support.asgi_frontend import ASGI, AsgiFrontend, running_asgi_frontend
 from tests.support.torchserve_harness import Reply, make_context, run_batch
 from tests.support.torchserve_process import TorchServe, start_torchserve
 
@@ -62,20 +63,17 @@ E2E_MODEL_CONFIG = {
 }
 
 
-@pytest.fixture(scope="package", params=("torchserve", ASGI))
-def server(
-    request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def one_server(
+    kind: str, workdir: Path, model_dir: Path, config: dict[str, Any]
 ) -> Iterator[TorchServe | AsgiFrontend]:
-    """A real torchserve (token auth on), or the ASGI frontend for the modules marked both_frontends
-    (tests/e2e/conftest.py), for the external-client tests; always stopped."""
-    if request.param == ASGI:
-        frontend = start_asgi_frontend(tmp_path_factory.mktemp("asgi-openai"), tiny_model_dir, E2E_MODEL_CONFIG)
-        try:
+    """A real torchserve (token auth on, continuous mode) or, for `kind` ASGI, the ASGI frontend,
+    serving `model_dir` with `config`; always stopped."""
+    if kind == ASGI:
+        with running_asgi_frontend(workdir, model_dir, config) as frontend:
             yield frontend
-        finally:
-            frontend.stop()
         return
-    ts = start_torchserve(tmp_path_factory.mktemp("torchserve-openai"), tiny_model_dir, E2E_MODEL_CONFIG)
+    ts = start_torchserve(workdir, model_dir, config)
     ts.mode = "continuous"
     try:
         yield ts
@@ -83,13 +81,32 @@ def server(
         ts.stop()
 
 
-@pytest.fixture(scope="package")
-def openai_base_url(server: TorchServe | AsgiFrontend) -> str:
+def openai_url(server: TorchServe | AsgiFrontend) -> str:
     """Where an OpenAI client points: TorchServe passes the rest of the path as url_path."""
     return f"{server.predictions_url}/1.0/v1"
 
 
+def server_key(server: TorchServe | AsgiFrontend) -> str:
+    """TorchServe's inference key (read now: it is renewed on expiry), the ASGI frontend's key; any
+    non-empty key where TorchServe has no token auth (0.11)."""
+    return server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")
+
+
+@pytest.fixture(scope="package", params=("torchserve", ASGI))
+def server(
+    request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TorchServe | AsgiFrontend]:
+    """A real torchserve (token auth on), or the ASGI frontend for the modules marked both_frontends
+    (tests/e2e/conftest.py), for the external-client tests; always stopped."""
+    with one_server(request.param, tmp_path_factory.mktemp("openai"), tiny_model_dir, E2E_MODEL_CONFIG) as served:
+        yield served
+
+
+@pytest.fixture(scope="package")
+def openai_base_url(server: TorchServe | AsgiFrontend) -> str:
+    return openai_url(server)
+
+
 @pytest.fixture(scope="package")
 def api_key(server: TorchServe | AsgiFrontend) -> str:
-    """TorchServe's inference key; any non-empty key where it has no token auth (0.11)."""
-    return server.headers.get("Authorization", "Bearer no-token-auth").removeprefix("Bearer ")
+    return server_key(server)

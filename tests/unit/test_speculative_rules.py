@@ -126,3 +126,18 @@ def test_the_longest_match_is_tried_first():
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="min_n <= max_n"):
         NgramProposer(k=2, min_n=3, max_n=2)
+
+
+def test_a_sequences_token_history_is_its_prompt_and_output_as_they_grow(tiny_tokenizer):
+    from handler.engine.sequence import Sequence
+    from handler.request import GenerationRequest, TokenChoice
+
+    prompt = tiny_tokenizer("the cat sat")["input_ids"]
+    sequence = Sequence(GenerationRequest("the cat sat", 50, ignore_eos=True), prompt, tiny_tokenizer, frozenset({2}))
+    assert sequence.token_history().tolist() == prompt
+    taken: list[int] = []
+    for step in range(1, 20):  # one token, then several a step: the buffer grows past its first size
+        new = [100 + step + i for i in range(step % 3 + 1)]
+        sequence.take(*(TokenChoice(t) for t in new))
+        taken += new
+        assert sequence.token_history().tolist() == [*prompt, *taken]

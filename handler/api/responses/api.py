@@ -121,9 +121,9 @@ class ResponsesApi(Api):
             )
         return compact_json(stored.response)
 
-    def _store(self) -> ResponseStore:
+    def _store(self, param: str = "response_id") -> ResponseStore:
         if self.store is None:
-            raise NotFound("this server stores no responses", "response_id")
+            raise NotFound("this server stores no responses (handler.responses.store_mb: 0)", param)
         return self.store
 
     # -- POST: the request ---------------------------------------------------------------------
@@ -207,9 +207,8 @@ class ResponsesApi(Api):
         """The conversation a `previous_response_id` continues (404 naming it when not stored here)."""
         if response_id is None:
             return []
-        if self.store is None:
-            raise NotFound("this server stores no responses", "previous_response_id")
-        return [dict(m) for m in self.store.get(response_id, param="previous_response_id").conversation]
+        stored = self._store("previous_response_id").get(response_id, param="previous_response_id")
+        return [dict(m) for m in stored.conversation]
 
     def _tools(self, req: ResponsesRequest) -> tuple[ToolSetup | None, str | None, GrammarFormat | None]:
         """The tools as the chat route takes them (a custom tool as a function of one string), the

@@ -45,11 +45,16 @@ class FunctionCallItem(Lenient):
     status: StrictStr | None = None
 
 
-class FunctionCallOutputItem(Lenient):
-    type: Literal["function_call_output"]
+class _CallOutput(Lenient):
+    """What a tool returned for one call, by its `call_id`."""
+
     call_id: StrictStr = Field(min_length=1)
     output: StrictStr | list[ContentPart]
     id: StrictStr | None = None
+
+
+class FunctionCallOutputItem(_CallOutput):
+    type: Literal["function_call_output"]
     status: StrictStr | None = None
 
 
@@ -61,11 +66,8 @@ class CustomToolCallItem(Lenient):
     id: StrictStr | None = None
 
 
-class CustomToolCallOutputItem(Lenient):
+class CustomToolCallOutputItem(_CallOutput):
     type: Literal["custom_tool_call_output"]
-    call_id: StrictStr = Field(min_length=1)
-    output: StrictStr | list[ContentPart]
-    id: StrictStr | None = None
 
 
 class OtherItem(Lenient):

@@ -32,19 +32,6 @@ from handler.errors import NotFound
 
 logger = logging.getLogger(__name__)
 
-# Per worker. Each stored response's `conversation` repeats every turn before it, so one
-# conversation of n turns of t bytes stores about n²t/2 over its life (100 turns of 2 KB: ~10 MB;
-# 1,000 turns of 10 KB: ~5 GB). The bound need not hold all of that: it drops the oldest first, and
-# a conversation continues from its newest response, whose size the model's context window bounds
-# (a longer conversation cannot be continued anyway): ~0.5 MB of text at 128K tokens, ~32 KB at 8K.
-# 256 MiB keeps the newest turn of several hundred conversations at a 128K context and thousands at
-# 8K, for a few percent of a host's memory (an inf2.xlarge has 16 GiB) per worker.
-DEFAULT_MAX_MB = 256
-# OpenAI keeps stored responses 30 days, in a database. This store is one worker's memory, lost on
-# a restart or scale-in and out of reach of the other workers, so what relies on it is a
-# conversation going on now: an agent's next tool call (seconds), a person's next message
-# (minutes). An hour covers those with margin and bounds how long a client's text stays in memory.
-DEFAULT_MAX_AGE_S = 3600.0
 # Why each forgotten id is gone, for the last this many ids: ~19 MB at 100,000 (tracemalloc:
 # ~94 bytes per `resp_<32 hex>` id, ~91 per OrderedDict entry), a few store-fulls of history.
 FORGOTTEN_IDS = 100_000
