@@ -47,6 +47,21 @@ class SimConfig(_Section):
     charge: Literal["live_rows", "compiled_batch"] = "live_rows"
     time_scale: float = Field(default=1.0, ge=0, description="multiplies every simulated sleep; 0 = no sleeping")
     mean_natural_tokens: int = Field(default=256, ge=1, description="mean length at which a request emits EOS")
+    # 0.5: this repository's prompt lookup took about 0.45 per drafted token on text that repeats
+    # itself little and about 0.9 on an answer copying its prompt (docs/speculative.md, make
+    # bench-speculation, solved for a); EAGLE drafters are commonly quoted at 0.6-0.8 on chat. The low
+    # end: a what-if run promises no more than a generic answer gets. A guess for any other workload.
+    speculation_acceptance: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description=(
+            "with scheduler.speculation: the probability that each of a decode row's k drafted tokens is "
+            "accepted (in turn, up to the first rejection), so a verify step gives a row 1 to k + 1 tokens, "
+            "(1 - a^(k+1)) / (1 - a) on average; ignored without scheduler.speculation"
+        ),
+    )
     hf_config: str | None = Field(
         default=None,
         min_length=1,
@@ -66,8 +81,19 @@ class SpeculationConfig(_Section):
 
     method: Literal["ngram"]
     num_speculative_tokens: int = Field(ge=1, le=8, description="tokens proposed per row per step (k)")
-    prompt_lookup_min: int = Field(default=1, ge=1, le=16, description="the shortest n-gram matched")
+    prompt_lookup_min: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="the shortest n-gram matched (2: a one-token match proposes mostly what the model rejects)",
+    )
     prompt_lookup_max: int = Field(default=4, ge=1, le=16, description="the longest n-gram matched (tried first)")
+    backoff: bool = Field(
+        default=False,
+        description="a row whose proposals keep taking nothing sits out 1, 3, 7, then 15 steps before it proposes "
+        "again (one accepted token resets it): its wider rows cost the verify forward and gain nothing. Off by "
+        "default: measured to help with prompt_lookup_min 1, not with the default 2 (docs/speculative.md)",
+    )
 
     @model_validator(mode="after")
     def _check_lookup(self) -> SpeculationConfig:
@@ -427,6 +453,7 @@ class ServingConfig(BaseModel):
                 "use backend nxdi (NxD Inference's multi-LoRA serving) or hf"
             )
         _check_speculation(scheduler, handler)
+        _check_nxdi_speculation(scheduler, handler)
         if scheduler.mode == "static" and micro.micro_batch_size > batch_size:
             raise ConfigError(
                 f"model-config.yaml: micro_batching.micro_batch_size ({micro.micro_batch_size}) is above batchSize "
@@ -581,7 +608,8 @@ def _check_workers(scheduler: SchedulerConfig, raw: dict[str, Any]) -> None:
 
 
 def _check_speculation(scheduler: SchedulerConfig, handler: HandlerConfig) -> None:
-    """Speculation where its tokens can be verified exactly: the step engine's rows on backend hf."""
+    """Prompt lookup where its tokens can be verified exactly: the step engine's rows on backend hf (and
+    the sim, which models its timing). nxdi speculates with EAGLE, compiled in (handler.nxdi.speculation)."""
     if scheduler.speculation is None:
         return
     if scheduler.mode == "static":
@@ -589,11 +617,50 @@ def _check_speculation(scheduler: SchedulerConfig, handler: HandlerConfig) -> No
             "model-config.yaml: scheduler.speculation needs scheduler.mode continuous (the step engine gives a row "
             "several tokens a step); static mode decodes one token at a time"
         )
-    if handler.backend != "hf":
+    if handler.backend == "nxdi":
+        raise ConfigError(
+            "model-config.yaml: scheduler.speculation: backend nxdi samples on the device and cannot verify the "
+            "engine's prompt-lookup proposals; it speculates with an EAGLE draft compiled with the model: set "
+            "handler.nxdi.speculation instead"
+        )
+    if handler.backend not in ("hf", "sim"):
         raise ConfigError(
             f"model-config.yaml: scheduler.speculation: backend {handler.backend} does not verify proposed tokens; "
-            "prompt lookup (method ngram) is served on backend hf. transformers-neuronx's speculative models take one "
-            "sequence at a time (no continuous batching); EAGLE on nxdi is not served yet"
+            "transformers-neuronx's speculative models take one sequence at a time (no continuous batching). On "
+            "Inferentia2, use backend nxdi with an EAGLE draft (handler.nxdi.speculation); prompt lookup is served on "
+            "backend hf"
+        )
+
+
+def _check_nxdi_speculation(scheduler: SchedulerConfig, handler: HandlerConfig) -> None:
+    """EAGLE on nxdi (handler.nxdi.speculation) where NxD Inference's fused speculation can serve it:
+    facts in handler/neuron/nxdi_speculation.py."""
+    speculation = handler.nxdi.speculation
+    if speculation is None:
+        return
+    key = "model-config.yaml: handler.nxdi.speculation"
+    if handler.backend not in ("nxdi", "auto"):
+        raise ConfigError(
+            f"{key}: only backend nxdi reads it (NxD Inference's EAGLE), not backend {handler.backend}; remove it, or "
+            "use scheduler.speculation (prompt lookup) on backend hf"
+        )
+    if scheduler.mode == "static":
+        raise ConfigError(
+            f"{key} needs scheduler.mode continuous: a fused speculation step gives a row up to k + 1 tokens, which "
+            "only the step engine takes; static mode decodes one token at a time"
+        )
+    if handler.lora is not None:
+        raise ConfigError(
+            f"{key} cannot go with handler.lora: NxD Inference's fused speculation model never passes adapter_ids to "
+            "the target (models/model_base.py NeuronFusedSpecModel.forward), so every row would run without its "
+            "adapter; serve adapters without speculation, or on backend hf"
+        )
+    reserved = speculation.num_speculative_tokens - 1
+    if handler.max_new_tokens + reserved >= handler.n_positions:
+        raise ConfigError(
+            f"{key}.num_speculative_tokens: {speculation.num_speculative_tokens} drafted tokens keep the last "
+            f"{reserved} of the n_positions ({handler.n_positions}) for the look-ahead, which leaves no room for a "
+            f"prompt beside max_new_tokens ({handler.max_new_tokens}); lower max_new_tokens or k, or raise n_positions"
         )
 
 

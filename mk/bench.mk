@@ -45,9 +45,12 @@
 #                            and the hf decode step in-process, 8 base rows vs 4 adapters x 2 rows (and the bare model);
 #                            its files under build/bench-lora/; bench_results/bench-lora.json (about 3 min on 2 cores)
 # make bench-lora LORA_BENCH_ARGS="--requests-per-client 8 --repeats 2 --rank 16 --targets q_proj,k_proj,v_proj,o_proj"
-# make bench-speculation     prompt-lookup speculation on the default model (hf, in-process, 4 greedy rows): tok/s and
-#                            steps for a copy-heavy and a free answer, k = 0, 3, 5, the ratio to k = 0 (texts must be equal);
-#                            bench_results/bench-speculation.json (about 1 min; not in make bench)
+# make bench-speculation     (also a stage of make bench; BENCH_SPECULATION=0 leaves it out there) P16: prompt-lookup
+#                            speculation on the default model (hf, in-process, greedy, 1 and 8 streams): tok/s with k = 3
+#                            ÷ without, back-off off and on, acceptance and tokens per row per step, for a JSON extraction
+#                            (P16a), a rewrite and a story (P16b); 3 rounds each, medians; texts must be equal;
+#                            bench_results/bench-speculation.json (about 12 min on 2 cores)
+# make bench-speculation SPECULATION_BENCH_ARGS="--k 5 --loads json --streams 1"
 BACKEND ?= sim
 BENCH_PROFILE ?= profiles/llama-2-7b-inf2-48xl-tp24.yaml
 BENCH_LONG ?=
@@ -59,9 +62,10 @@ FRONTEND_BENCH_ARGS ?=
 HOSTILE_ARGS ?=
 SPECULATION_BENCH_ARGS ?=
 LORA_BENCH_ARGS ?=
-# make bench ends with bench-embed (P13) and bench-lora (P15); 0 leaves each out.
+# make bench ends with bench-embed (P13), bench-lora (P15) and bench-speculation (P16); 0 leaves each out.
 BENCH_EMBED ?= 1
 BENCH_LORA ?= 1
+BENCH_SPECULATION ?= 1
 
 .PHONY: bench-speculation bench bench-isolation bench-memory bench-embed bench-frontends bench-hostile bench-lora
 
@@ -70,6 +74,7 @@ bench: venv model
 		--model-dir $(if $(filter hf,$(BACKEND)),$(REAL_MODEL_DIR),$(TINY_MODEL_DIR)) --workdir $(BUILD)/bench $(if $(BENCH_LONG),--long) $(BENCH_ARGS)
 	$(if $(filter 1,$(BENCH_EMBED)),$(MAKE) --no-print-directory bench-embed)
 	$(if $(filter 1,$(BENCH_LORA)),$(MAKE) --no-print-directory bench-lora)
+	$(if $(filter 1,$(BENCH_SPECULATION)),$(MAKE) --no-print-directory bench-speculation)
 
 bench-isolation: venv model
 	$(PY) -m scripts.bench.isolation --model-dir $(TINY_MODEL_DIR) --workdir $(BUILD)/bench-isolation $(ISOLATION_ARGS)

@@ -6,6 +6,8 @@
 #           PROMPT_TOKENS=1500 OUTPUT_TOKENS=250
 # INSTANCE: one name or several (space-separated); empty: all of profiles/inf2-instances.yaml.
 # PLAN_ARGS: more scripts/plan/planner.py options, e.g. "--weight-dtype int8 --slots 8,16,32 --top 20".
+#   "--speculation-k 3 --acceptance-rate 0.6": the top 5 layouts again with speculative decoding modelled
+#   (a verify step of 4 x slots tokens, (1 - a^4) / (1 - a) tokens a row): a model, not a measurement.
 # Writes build/plan/plan-<model>.png and .json; offline, a few seconds.
 # make profiles               the sim profiles the step-time model writes (scripts/plan/profiles.py: the TP8 seed
 #                             layout's, from the planner's step_profile), with their sources and the ratios to the

@@ -63,6 +63,10 @@ class Backend(ABC):
     vocab_size: int | None = None
     # The most tokens `decode_plan` gives one row in one step: the cap of every row's max_tokens.
     tokens_per_step: int = 1
+    # Tokens the backend drafts itself for each decode row, each step (EAGLE on nxdi; the sim's
+    # modelled proposals): the engine proposes none then (`DecodeRow.proposal` stays empty) and counts
+    # min(draft_tokens, row.max_tokens - 1) proposed tokens per row; 0: the engine's proposer, if any.
+    draft_tokens: int = 0
 
     def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
         """Why this backend cannot return the logprobs a request asks for, or None when it can.

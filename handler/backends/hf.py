@@ -22,8 +22,10 @@ own adapter's change, so a row's tokens are still those it gets alone.
 
 Speculation (`scheduler.speculation`, `decode_plan` with rows carrying proposals): a row's next
 token and its proposed ones go through the same forward, and it takes the proposals the sampler
-picks at their positions, then the pick after them; positions of rejected proposals stay in the
-stacked cache with a 0 in the mask (holes), dropped at the next restack.
+picks at their positions, then the pick after them (handler/sampling/speculative.py: exact for every
+kind of row); positions of rejected proposals stay in the stacked cache with a 0 in the mask
+(holes), dropped at the next restack: when a slot joins or leaves, or when holes fill more than
+half the stacked width (`_Batch.mostly_holes`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from handler.backends.tokenizer import eos_token_ids, load_tokenizer
 from handler.config import HandlerConfig
 from handler.request import DecodeRow, GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
 from handler.sampling.logprobs import prompt_logprobs
-from handler.sampling.speculative import accept_greedy
+from handler.sampling.speculative import Pick, take_verified
 
 if TYPE_CHECKING:
     from handler.lora.adapters import AdapterSpec
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+HOLE_SLACK = 64  # masked columns a stacked batch may carry beyond its longest row's length before a restack
 # transformers 4.56 renamed `torch_dtype=` to `dtype=`; Neuron environments pin 4.4x.
 _MAJOR_MINOR = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 DTYPE_KWARG = "dtype" if _MAJOR_MINOR >= (4, 56) else "torch_dtype"
@@ -92,6 +95,12 @@ class _Batch:
 
     def reusable_for(self, slots: Sequence[int]) -> bool:
         return not self.stale and len(slots) == len(self.slots) and set(slots) == set(self.slots)
+
+    def mostly_holes(self, longest: int) -> bool:
+        """Whether more than half the stacked width is neither a row's positions nor its left padding
+        (speculation's rejected positions, or a row padded to a batch-mate's proposals): the next step
+        restacks then, so that attention and the buffers do not keep growing with them."""
+        return self.mask.shape[1] > 2 * longest + HOLE_SLACK
 
     def row_kv(self, slot: int, length: int) -> list[LayerKV]:
         row = self.slots.index(slot)
@@ -194,23 +203,20 @@ class HFBackend(Backend):
 
     def _step(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
         """One forward over the rows: each row's next token, and after it the tokens proposed for
-        it (speculation; padded to the longest, pads masked). A row takes its next token's pick,
-        then the proposals equal to the sampler's picks at their positions and the pick after the
-        last of them (`accept_greedy`). Only a row whose pick keeps no state
-        (`HostSampling.stateless`: greedy, unshaped) uses its proposals: its pick at each position
-        is then exactly the pick of a step of its own; any other row takes its one token. The
-        positions of rejected proposals stay in the stacked cache, masked out, until the next
-        restack drops them."""
+        it (speculation; padded to the longest, pads masked). The sampler then picks position by
+        position over the rows still going (`take_verified`): a row takes its pick at each position
+        while the pick equals the proposal there, then the one after, every pick made exactly as a
+        step of its own would make it (greedy or sampled, shaped, constrained). The positions of
+        rejected proposals stay in the stacked cache, masked out, until the next restack drops them."""
         slots = tuple(row.slot for row in rows)
         self._check_live(slots)
         if not slots:
             return []
-        proposals = {
-            row.slot: row.proposal if row.proposal and self.sampling.stateless(row.slot) else () for row in rows
-        }
+        proposals = {row.slot: row.proposal for row in rows}
         with torch.inference_mode():
             batch = self._batch
-            if batch is None or not batch.reusable_for(slots):
+            longest = max(self._slots[slot].length for slot in slots)
+            if batch is None or not batch.reusable_for(slots) or batch.mostly_holes(longest):
                 batch = self._restack(slots)
             states = [self._slots[slot] for slot in batch.slots]
             width = batch.mask.shape[1]
@@ -231,19 +237,11 @@ class HFBackend(Backend):
                     position_ids=lengths + torch.arange(span, dtype=torch.long),
                     **self._forward_kwargs(batch.cache, last_only=span == 1),
                 )
-                firsts = self.sampling.next_tokens(batch.slots, out.logits[:, 0])
-                taken: dict[int, list[TokenChoice]] = {}
-                for i, slot in enumerate(batch.slots):
-                    proposal = proposals[slot]
-                    if not proposal:
-                        taken[slot] = [firsts[i]]
-                        continue
-                    later = self.sampling.next_tokens([slot] * len(proposal), out.logits[i, 1 : 1 + len(proposal)])
-                    picks = [firsts[i], *later]
-                    taken[slot] = picks[: len(accept_greedy(proposal, [choice.token_id for choice in picks]))]
+                picked = take_verified([proposals[slot] for slot in batch.slots], self._picker(batch.slots, out.logits))
             except BaseException:
                 batch.cache = truncate(batch.cache, width)  # what the layers before a failure appended
                 raise
+            taken = dict(zip(batch.slots, picked, strict=True))
             for i, (slot, state) in enumerate(zip(batch.slots, states, strict=True)):
                 count = len(taken[slot])  # the next token and the accepted proposals are in the cache now
                 if count < span:
@@ -252,6 +250,15 @@ class HFBackend(Backend):
                 state.next_token = taken[slot][-1].token_id
             batch.mask = mask
         return [taken[slot] for slot in slots]
+
+    def _picker(self, slots: tuple[int, ...], logits: torch.Tensor) -> Pick:
+        """`take_verified`'s pick over a forward's logits [rows, positions, vocab], row i = slots[i]."""
+
+        def pick(rows: list[int], position: int) -> list[TokenChoice]:
+            at = logits[:, position] if len(rows) == len(slots) else logits[torch.tensor(rows), position]
+            return self.sampling.next_tokens([slots[row] for row in rows], at)
+
+        return pick
 
     def release(self, slot: int) -> None:
         """Forget the slot's sequence; releasing a free slot is a no-op."""

@@ -43,8 +43,6 @@ class Sampler(Protocol):
 
     def remove(self, slot: int) -> None: ...
 
-    def stateless(self, slot: int) -> bool: ...
-
     def refusal(self, request: GenerationRequest) -> tuple[str, str] | None: ...
 
     def warmup(self) -> None: ...
@@ -84,11 +82,6 @@ class HostSampling:
         """One call's rows, all registered: `logits` [len(slots), >= vocab], row i slots[i]'s.
         The input is never modified."""
         return self.sampler.sample(slots, logits, self.vocab_size)
-
-    def stateless(self, slot: int) -> bool:
-        """Whether the slot's choice keeps no state (a greedy, unshaped row), so several positions
-        of it can be chosen in one step, each as its own step would (`BatchSampler.stateless`)."""
-        return self.sampler.stateless(slot)
 
     def release(self, slot: int) -> None:
         """Forget the slot's sampling state; a slot never registered is a no-op."""

@@ -122,7 +122,9 @@ def _load(
     if handler.backend == "sim":
         from handler.backends.sim import SimBackend
 
-        return SimBackend(handler, checkpoint, model_dir)
+        speculation = config.scheduler.speculation  # the sim models the proposer and the verify
+        k = speculation.num_speculative_tokens if speculation is not None else 0
+        return SimBackend(handler, checkpoint, model_dir, speculative_tokens=k)
     if handler.backend == "neuronx":
         from handler.backends.neuronx import NeuronxBackend
 
@@ -130,7 +132,9 @@ def _load(
     if handler.backend == "nxdi":
         from handler.backends.nxdi import NxdiBackend
 
-        return NxdiBackend(config, checkpoint, gpu_id, workers, cores, lora=nxdi_lora(config, model_dir))
+        speculation = handler.nxdi.speculation  # EAGLE: the draft, relative to the archive like the checkpoint
+        draft = speculation.draft_path(model_dir or ".") if speculation is not None else None
+        return NxdiBackend(config, checkpoint, gpu_id, workers, cores, lora=nxdi_lora(config, model_dir), draft=draft)
     raise ConfigError(f"model-config.yaml: handler.backend: unknown backend {handler.backend!r}")
 
 

@@ -56,10 +56,28 @@ handler/neuron/lora.py):
 - at run time (handler.lora.runtime_updates) NxDI 0.8 loads no adapter (LoraModelManager.add_adapter
   does nothing, lora_model.py:556-559); with dynamic multi-LoRA an adapter can be unloaded
   (remove_adapter, 561-563).
+
+EAGLE speculation (`handler.nxdi.speculation`; NxDI's fused speculation, facts and line numbers in
+handler/neuron/nxdi_speculation.py):
+- compiled: the target's NeuronConfig with `speculation_length` k + 1, `enable_fused_speculation`,
+  `enable_eagle_speculation` (and `is_eagle3`), and `fused_spec_config = FusedSpecNeuronConfig(
+  <class>._model_cls, draft_config, draft_model_path)` whose draft config is the target's NeuronConfig
+  copied with `is_eagle_draft` and without fused speculation, on the draft's config.json. The draft's
+  content (config.json and each weight file's SHA-256) is in the manifest: a changed draft recompiles
+  or is refused, never served stale; a moved one loads (its folder is set into the loaded config).
+- served: `tokens_per_step` k + 1 and `draft_tokens` k (the engine proposes nothing). Prefill is one
+  fused context encoding per request (its first token is column 0 of the accepted tokens); each
+  decode step is one fused call over every live slot, which answers per row 1 to k + 1 accepted
+  tokens and the next position; a row keeps at most its `max_tokens` and its slot advances by what it
+  kept. Each call needs position + k + 1 within the largest token bucket, so requests may use
+  n_positions - (k - 1) positions (`n_positions` is that; NxDI's seq_len stays handler.n_positions).
+- not with host sampling (NxDI asserts on-device sampling), LoRA (the fused model drops adapter_ids)
+  or static mode: refused at config time.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import json
@@ -85,12 +103,20 @@ from handler.errors import ConfigError
 from handler.lora.adapters import AdapterError, AdapterSpec, read_adapter
 from handler.neuron import artifacts
 from handler.neuron import lora as nxdi_lora
+from handler.neuron import nxdi_speculation as eagle
 from handler.neuron.checkpoint_identity import STATS_KEY, checkpoint_identity
 from handler.neuron.environment import child_environment
 from handler.neuron.lora import AdapterIndex, LoraSettings, NxdiLoraLayout
 from handler.neuron.memory import LoraLayout
-from handler.neuron.nxdi_config import NXDI_OPTIONS_KEY, NxdiConfig, device_sampling_refusal, device_sampling_row
+from handler.neuron.nxdi_config import (
+    NXDI_OPTIONS_KEY,
+    NxdiConfig,
+    NxdiSpeculation,
+    device_sampling_refusal,
+    device_sampling_row,
+)
 from handler.request import (
+    DecodeRow,
     GenerationRequest,
     SamplingParams,
     SlotRequest,
@@ -104,6 +130,7 @@ SDK = "neuronx_distributed_inference"
 TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 PAD_ID = 0  # what a 1-token prompt's row is padded with (masked out)
 COMPILE_LOG_TAIL = 4000  # characters of a failed compile's output kept in the error
+DRAFT_STATS_KEY = "speculation_draft_stats"  # the manifest's entry for the EAGLE draft files' size and mtime
 
 
 @dataclass(frozen=True)
@@ -116,6 +143,7 @@ class ModelRecipe:
     neuron_config: dict[str, Any]  # NeuronConfig keywords; torch_dtype as its name
     on_device_sampling: dict[str, Any] | None = None  # OnDeviceSamplingConfig keywords
     lora: dict[str, Any] | None = None  # LoraServingConfig keywords (adapters' folders included)
+    draft_model_path: str | None = None  # EAGLE: the draft's checkpoint (speculation keywords in neuron_config)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -133,6 +161,7 @@ class Sdk:
     sampling_config_cls: Any
     model_cls: Any
     load_pretrained_config: Any = field(repr=False)
+    fused_spec_config_cls: Any = field(default=None, repr=False)  # None: an NxDI without fused speculation
 
     @classmethod
     def load(cls, model_class: str) -> Sdk:
@@ -146,7 +175,13 @@ class Sdk:
                 f"model-config.yaml: handler.nxdi.model_class: {SDK}.models has no {model_class!r}; use e.g. "
                 "'llama.modeling_llama.NeuronLlamaForCausalLM' or 'qwen2.modeling_qwen2.NeuronQwen2ForCausalLM'"
             ) from None
-        return cls(config.NeuronConfig, config.OnDeviceSamplingConfig, model_cls, hf_adapter.load_pretrained_config)
+        return cls(
+            config.NeuronConfig,
+            config.OnDeviceSamplingConfig,
+            model_cls,
+            hf_adapter.load_pretrained_config,
+            getattr(config, "FusedSpecNeuronConfig", None),
+        )
 
     def neuron_config(self, recipe: ModelRecipe) -> Any:
         """NxDI's NeuronConfig for the recipe; a keyword it does not know is refused (it would only warn)."""
@@ -166,10 +201,29 @@ class Sdk:
         return neuron_config
 
     def build(self, recipe: ModelRecipe) -> Any:
-        """The model ready to compile, from the Hugging Face checkpoint."""
+        """The model ready to compile, from the Hugging Face checkpoint (and the EAGLE draft's)."""
         config_cls = self.model_cls.get_config_cls()
         config = config_cls(self.neuron_config(recipe), load_config=self.load_pretrained_config(recipe.checkpoint))
+        if recipe.draft_model_path is not None:
+            config.fused_spec_config = self.fused_spec_config(config, recipe.draft_model_path)
         return self.model_cls(recipe.checkpoint, config)
+
+    def fused_spec_config(self, config: Any, draft_model_path: str) -> Any:
+        """FusedSpecNeuronConfig for the EAGLE draft, as NxDI's own demo builds it (inference_demo.py:503-532 at
+        cd3abf3): the target's NeuronConfig copied, with the draft's attributes set after construction."""
+        if self.fused_spec_config_cls is None:
+            raise ConfigError(
+                "model-config.yaml: handler.nxdi.speculation: the installed NxD Inference has no FusedSpecNeuronConfig"
+            )
+        draft_neuron_config = copy.deepcopy(config.neuron_config)
+        for key, value in eagle.DRAFT_ATTRIBUTES.items():
+            setattr(draft_neuron_config, key, value)
+        draft_config = self.model_cls.get_config_cls()(
+            draft_neuron_config, load_config=self.load_pretrained_config(draft_model_path)
+        )
+        return self.fused_spec_config_cls(
+            self.model_cls._model_cls, draft_config=draft_config, draft_model_path=draft_model_path
+        )
 
 
 LORA_KEYWORDS = ("batch_size", "dynamic_multi_lora", "max_cpu_loras", "lora_ckpt_paths_cpu")
@@ -255,8 +309,18 @@ class NxdiBackend(SlotDeviceBackend):
         workers: int = 1,
         cores: Sequence[int] | None = None,
         lora: LoraSettings | None = None,
+        draft: Path | None = None,
     ) -> None:
-        """`lora`: the adapters to serve (handler.lora), compiled into the model; None: none."""
+        """`lora`: the adapters to serve (handler.lora), compiled into the model; None: none. `draft`: the
+        EAGLE draft's folder with handler.nxdi.speculation (default: its draft_model_path, a relative one
+        from the current directory)."""
+        self.speculation: NxdiSpeculation | None = config.handler.nxdi.speculation
+        self.draft_dir: Path | None = None
+        self._draft_stats: dict[str, Any] = {}
+        if self.speculation is not None:
+            self.draft_dir = draft if draft is not None else self.speculation.draft_path(".")
+            self.draft_tokens = self.speculation.num_speculative_tokens  # the model drafts; the engine proposes none
+            self.tokens_per_step = eagle.speculation_length(self.draft_tokens)
         self.lora_settings = lora
         self.lora_layout: NxdiLoraLayout | None = None
         self.adapter_specs: dict[str, AdapterSpec] = {}  # the adapters served, by name, as read at start
@@ -270,6 +334,16 @@ class NxdiBackend(SlotDeviceBackend):
         context_buckets = self._checked_buckets(self.settings.context_buckets, "context_buckets")
         self.token_buckets = self._checked_buckets(self.settings.token_buckets, "token_buckets")
         check_reachable_positions(context_buckets, self.token_buckets, self.n_positions)
+        self.compiled_positions = self.n_positions  # NxDI's seq_len
+        if self.speculation is not None:
+            # every fused decode needs position + k + 1 within the largest bucket (handler/neuron/nxdi_speculation.py)
+            self.n_positions = eagle.served_positions(self.token_buckets[-1], self.draft_tokens)
+            logger.info(
+                "nxdi: EAGLE with k=%d: requests may use %d of the %d compiled positions (the rest is look-ahead)",
+                self.draft_tokens,
+                self.n_positions,
+                self.compiled_positions,
+            )
         return context_buckets
 
     def _int8_weights(self) -> bool:
@@ -287,6 +361,15 @@ class NxdiBackend(SlotDeviceBackend):
         self.sdk = Sdk.load(self.settings.model_class)  # after the environment is set
         if self.lora_settings is not None:
             self.lora_layout = self._plan_lora(self.lora_settings)
+        if self.draft_dir is not None:
+            refusal = eagle.draft_refusal(self.draft_dir, self.hf_config)
+            if refusal:
+                raise ConfigError(f"model-config.yaml: handler.nxdi.speculation.draft_model_path: {refusal}")
+            if self.sdk.fused_spec_config_cls is None:
+                raise ConfigError(
+                    "model-config.yaml: handler.nxdi.speculation: the installed NxD Inference has no fused speculation "
+                    "(FusedSpecNeuronConfig)"
+                )
         self.recipe = self.model_recipe()
         self.sdk.neuron_config(self.recipe)  # unknown keywords fail here, before any compile
         return self.manifest_inputs()
@@ -357,7 +440,7 @@ class NxdiBackend(SlotDeviceBackend):
             "max_batch_size": self.n_slots,
             "ctx_batch_size": 1,
             "is_continuous_batching": True,
-            "seq_len": self.n_positions,
+            "seq_len": self.compiled_positions,
             "max_context_length": self.max_prompt_tokens,
             "enable_bucketing": True,
             "context_encoding_buckets": self.context_buckets,
@@ -370,7 +453,11 @@ class NxdiBackend(SlotDeviceBackend):
         if self.on_device:
             on_device = {"dynamic": True, "do_sample": True, "global_topk": settings.global_topk}
         lora = self.lora_layout.keywords if self.lora_layout is not None else None
-        return ModelRecipe(str(self.checkpoint), settings.model_class, neuron_config, on_device, lora)
+        draft = None
+        if self.speculation is not None and self.draft_dir is not None:
+            neuron_config |= eagle.target_keywords(self.speculation.method, self.draft_tokens)
+            draft = str(self.draft_dir)
+        return ModelRecipe(str(self.checkpoint), settings.model_class, neuron_config, on_device, lora, draft)
 
     def manifest_inputs(self) -> dict[str, Any]:
         """What the compiled model and its saved sharded weights depend on."""
@@ -385,7 +472,32 @@ class NxdiBackend(SlotDeviceBackend):
             "on_device_sampling": self.recipe.on_device_sampling,
             "compiler_flags": os.environ.get("NEURON_CC_FLAGS", ""),
             **({"lora": self.lora_layout.manifest(self._lora_identities)} if self.lora_layout is not None else {}),
+            **({"speculation": self._speculation_identity()} if self.speculation is not None else {}),
         }
+
+    def _speculation_identity(self) -> dict[str, Any]:
+        """The EAGLE draft's part of the manifest: the method, k and the draft checkpoint's content (its weights
+        are in the saved shards with save_sharded_checkpoint, application_base.py:658-671), not its folder: a
+        draft moved with the same content loads."""
+        assert self.speculation is not None and self.draft_dir is not None
+        known = artifacts.read_manifest(self.cache.artifacts_dir) or {}
+        recorded = {
+            "identity": known.get("depends_on", {}).get("speculation", {}).get("draft", {}),
+            "stats": known.get(DRAFT_STATS_KEY, {}),
+        }
+        identity, self._draft_stats = checkpoint_identity(self.draft_dir, recorded)
+        return {
+            "method": self.speculation.method,
+            "num_speculative_tokens": self.speculation.num_speculative_tokens,
+            "draft": identity,
+        }
+
+    def _extra_stats(self) -> dict[str, Any]:
+        """The manifest's entries `check` does not compare: the files' size and mtime, by what they belong to."""
+        extra = {STATS_KEY: self._checkpoint_stats, **self._lora_extra()}
+        if self.speculation is not None:
+            extra[DRAFT_STATS_KEY] = self._draft_stats
+        return extra
 
     def _checkpoint_identity(self) -> dict[str, Any]:
         """The checkpoint's content (what the pre-sharded weights in the artifacts were cut from),
@@ -400,37 +512,42 @@ class NxdiBackend(SlotDeviceBackend):
         started = time.perf_counter()
         folder = str(self.cache.artifacts_dir)
         try:
-            if self.lora_layout is None:
+            if self.lora_layout is None and self.speculation is None:
                 model = self.sdk.model_cls(folder)
             else:
-                model = self.sdk.model_cls(folder, self._config_with_adapters_here(folder))
+                model = self.sdk.model_cls(folder, self._config_with_paths_here(folder))
             model.load(folder)
         except (FileNotFoundError, ValueError) as exc:  # what NxDI raises for a folder it cannot load
             return None, f"{type(exc).__name__}: {exc}"
         logger.info(
             "nxdi: path=load: compiled model from %s on the cores in %.1f s", folder, time.perf_counter() - started
         )
-        artifacts.record_extra(self.cache.artifacts_dir, STATS_KEY, self._checkpoint_stats)  # e.g. after a touch
-        if self.lora_layout is not None:
-            artifacts.record_extra(self.cache.artifacts_dir, nxdi_lora.STATS_KEY, self._lora_stats)
+        for key, stats in self._extra_stats().items():  # e.g. after a touch
+            artifacts.record_extra(self.cache.artifacts_dir, key, stats)
         return model, ""
 
-    def _config_with_adapters_here(self, folder: str) -> Any:
-        """The compiled model's config (neuron_config.json) with the adapters' folders as configured
-        now. NxDI records the folders it compiled with and, loading, rebuilds its LoraServingConfig from
-        them, which checks they exist and re-reads them (lora_serving/config.py:78-85, 192-217): artifacts
-        compiled on another host, or the base adapter of another start, would not load. What the folders
-        hold is the manifest's business (each file's SHA-256)."""
-        assert self.lora_layout is not None
+    def _config_with_paths_here(self, folder: str) -> Any:
+        """The compiled model's config (neuron_config.json) with the adapters' and the EAGLE draft's folders
+        as configured now. NxDI records the folders it compiled with and, loading, rebuilds its
+        LoraServingConfig from them, which checks they exist and re-reads them (lora_serving/config.py:78-85,
+        192-217), and re-reads the draft's weights from `draft_model_path` when the weights are not
+        pre-sharded (application_base.py:658-671): artifacts compiled on another host, or the base adapter of
+        another start, would not load. What the folders hold is the manifest's business (each file's SHA-256)."""
         config_file = Path(folder) / "neuron_config.json"
         data = json.loads(config_file.read_text())
-        lora_config = (data.get("neuron_config") or {}).get("lora_config")
-        if not isinstance(lora_config, dict):
-            raise ValueError(f"{config_file} has no lora_config: compiled without LoRA")
-        keywords = self.lora_layout.keywords
-        lora_config["lora_ckpt_paths"] = keywords["lora_ckpt_paths"]
-        lora_config["lora_ckpt_paths_cpu"] = keywords.get("lora_ckpt_paths_cpu", {})
-        lora_config["lora_ckpt_json"] = None
+        if self.lora_layout is not None:
+            lora_config = (data.get("neuron_config") or {}).get("lora_config")
+            if not isinstance(lora_config, dict):
+                raise ValueError(f"{config_file} has no lora_config: compiled without LoRA")
+            keywords = self.lora_layout.keywords
+            lora_config["lora_ckpt_paths"] = keywords["lora_ckpt_paths"]
+            lora_config["lora_ckpt_paths_cpu"] = keywords.get("lora_ckpt_paths_cpu", {})
+            lora_config["lora_ckpt_json"] = None
+        if self.draft_dir is not None:
+            fused = data.get("fused_spec_config")
+            if not isinstance(fused, dict):
+                raise ValueError(f"{config_file} has no fused_spec_config: compiled without speculation")
+            fused["draft_model_path"] = str(self.draft_dir)
         return self.sdk.model_cls.get_config_cls().from_json_string(json.dumps(data))
 
     def _compile(self) -> Any:
@@ -439,7 +556,7 @@ class NxdiBackend(SlotDeviceBackend):
             self.cache.artifacts_dir,
             self.expected,
             lambda out: compile_in_child(self.recipe, out, self.cache.artifacts_dir),
-            extra={STATS_KEY: self._checkpoint_stats, **self._lora_extra()},
+            extra=self._extra_stats(),
         )
         logger.info(
             "nxdi: path=compile: compiled (n_slots=%d tp_degree=%d amp=%s n_positions=%d context buckets=%s) and saved "
@@ -558,7 +675,9 @@ class NxdiBackend(SlotDeviceBackend):
             input_ids, position_ids, mask = self._context_row(request.prompt_ids)
             rows = [self._sampling_row(request.sampling)]
             outputs.append(self._forward(input_ids, position_ids, [request.slot], rows, mask, [index]))
-        if self.on_device:
+        if self.speculation is not None:  # a fused prefill's first token is column 0 of its accepted tokens
+            choices = [TokenChoice(int(out[0].reshape(-1)[0])) for out in outputs]
+        elif self.on_device:
             choices = [TokenChoice(int(out.reshape(-1)[0])) for out in outputs]
         else:
             choices = self.sampling.first_tokens(requests, torch.cat([self._last_logits(o) for o in outputs]))
@@ -595,6 +714,8 @@ class NxdiBackend(SlotDeviceBackend):
         return getattr(self._live.get(slot), "adapter", None)
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
+        if self.speculation is not None:  # one token a row: the fused step's first
+            return [tokens[0] for tokens in self._fused_step([DecodeRow(slot) for slot in slots])]
         slots = list(slots)
         ordered = sorted(slots)  # a full batch ignores seq_ids: row i is KV row i
         states = self._live.check_decode(ordered)
@@ -617,15 +738,48 @@ class NxdiBackend(SlotDeviceBackend):
             state.token, state.position = by_slot[slot].token_id, state.position + 1
         return [by_slot[slot] for slot in slots]
 
+    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        if self.speculation is None:
+            return super().decode_plan(rows)
+        self.check_row_adapters(rows)
+        return self._fused_step(rows)
+
+    def _fused_step(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        """One EAGLE step over every live slot (handler/neuron/nxdi_speculation.py): each row's input is its
+        last token at its position; the fused model answers per row the tokens it accepted (1 to k + 1) and
+        the next position. A row keeps at most its `max_tokens`; its slot then advances by what it kept, so
+        the target's KV (written for every candidate position) is exact for the next call whatever was cut."""
+        ordered = sorted(row.slot for row in rows)  # a full batch ignores seq_ids: row i is KV row i
+        states = self._live.check_decode(ordered)
+        if not rows:
+            return []
+        self._check_positions(ordered, states)
+        fused = self._forward(
+            torch.tensor([[state.token] for state in states], dtype=torch.long),
+            torch.tensor([[state.position] for state in states], dtype=torch.long),
+            ordered,
+            [state.sampling_row for state in states],
+        )
+        accepted, next_positions = fused[0].tolist(), fused[3].reshape(-1).tolist()
+        most = {row.slot: row.max_tokens for row in rows}
+        by_slot: dict[int, list[TokenChoice]] = {}
+        for i, (slot, state) in enumerate(zip(ordered, states, strict=True)):
+            kept = eagle.row_tokens(accepted[i], state.position, int(next_positions[i]))[: most[slot]]
+            state.token, state.position = kept[-1], state.position + len(kept)
+            by_slot[slot] = [TokenChoice(token) for token in kept]
+        return [by_slot[row.slot] for row in rows]
+
     def _check_positions(self, slots: list[int], states: Sequence[_Slot]) -> None:
         """NxDI picks one token-generation bucket for the whole call from its largest position, and
         a position past the largest bucket fails the call for every row ("Input len X exceeds
-        largest bucket (Y) for token_generation_model", model_wrapper.py). The start-up check and
-        the receipt check keep a request within the buckets; should a row still reach past them,
-        it fails alone, before the call."""
+        largest bucket (Y) for token_generation_model", model_wrapper.py); a fused speculation call
+        needs position + k + 1 within it (`_get_seq_bucket`). The start-up check and the receipt
+        check keep a request within the buckets; should a row still reach past them, it fails alone,
+        before the call."""
         largest = self.token_buckets[-1]
+        needs = eagle.speculation_length(self.draft_tokens) if self.speculation is not None else 1
         for slot, state in zip(slots, states, strict=True):
-            if state.position + 1 > largest:
+            if state.position + needs > largest:
                 raise SlotRequestError(
                     slot,
                     f"position {state.position} is past the largest compiled token bucket ({largest})",
@@ -645,8 +799,10 @@ class NxdiBackend(SlotDeviceBackend):
         rows: list[tuple[float, ...]],
         attention_mask: torch.Tensor | None = None,
         adapter_ids: list[int] | None = None,
-    ) -> torch.Tensor:
-        """Logits `[rows, positions, vocab]`, or with on-device sampling the rows' tokens. With LoRA,
+    ) -> Any:
+        """Logits `[rows, positions, vocab]`, or with on-device sampling the rows' tokens, or with EAGLE
+        the fused outputs (a list: accepted tokens, next input ids, next attention mask, next positions;
+        model_base.py:3872-3874, hf_adapter.py:543-551). With LoRA,
         `adapter_ids` (the rows' adapter indices, 0: the base model) go as an int32 tensor, one per row:
         the program is picked by the shapes of all its inputs, and NxDI's own default (zeros) would be
         adapter index 0 for every row."""
@@ -665,7 +821,9 @@ class NxdiBackend(SlotDeviceBackend):
                 **lora,
             )
         # model_base.py `_construct_output`: with on-device sampling `.logits` is None and `.tokens` holds
-        # each row's token (int32); without it `.logits` holds the logits
+        # each row's token (int32); without it `.logits` holds the logits; fused speculation sets no `.tokens`
+        if self.speculation is not None:
+            return out.fused_outputs
         return out.tokens if self.on_device else out.logits
 
     def _warm_up(self) -> str:

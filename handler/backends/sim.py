@@ -35,6 +35,21 @@ Time charged per step (`charge`):
 - `compiled_batch`: every decode step costs the full compiled batch, which is what a
   static-shape model that pads its batch really pays.
 
+Speculative decoding (`scheduler.speculation`, its k passed as `draft_tokens`): the sim models the
+proposer and the verify rather than running one. `draft_tokens` = k and `tokens_per_step` = k + 1
+(the engine then proposes nothing: the backend drafts itself, `Backend.draft_tokens`). Every decode
+row drafts min(k, row.max_tokens - 1) tokens and accepts each in turn with probability
+`handler.sim.speculation_acceptance`, stopping at the first rejection, plus the one token a step
+always gives: 1 to k + 1 tokens, (1 - a^(k+1)) / (1 - a) on average. The draws come from a
+generator of the row's own, seeded like its tokens (`request_seed`) but apart from them, so a run is
+reproducible and a request's text is the same with or without speculation, as a real verify
+guarantees: its tokens are the ones it would have drawn one step at a time (the host sampler runs
+once per position, over the rows still taking tokens; a row stops at its EOS). Every row drafts,
+sampled and constrained ones included (an EAGLE-style drafter's behaviour; the hf backend's prompt
+lookup verifies greedy unshaped rows only). The verify step costs one forward of (k + 1) x rows
+tokens (`Profile.verify_s`: the decode table at that width, not a prefill; its docstring says why),
+whatever is accepted: at rate 0 a row gets one token a step for the wider forward.
+
 LoRA adapters: `load_adapter` makes one servable by name (any checked PEFT adapter: `lora_shapes`
 are the checkpoint's, from its config.json when it describes a Llama-family decoder); a row naming
 one is served, its tokens drawn from a generator seeded by the adapter's name too (so an adapter's
@@ -59,14 +74,14 @@ import torch
 from handler.backends.base import Backend, clamp_n_positions
 from handler.backends.host_sampling import HostSampling, Sampler
 from handler.backends.memory_fit import amp_dtype, check_memory_fit, weight_dtype
-from handler.backends.sim_profile import Profile, load_profile, resolve_profile_path
+from handler.backends.sim_profile import Profile, expected_tokens_per_step, load_profile, resolve_profile_path
 from handler.backends.tokenizer import load_tokenizer
 from handler.config import HandlerConfig, SimConfig
 from handler.errors import ConfigError
 from handler.lora.adapters import AdapterSpec
 from handler.neuron.lora import llama_lora_shapes, read_config_json
 from handler.neuron.memory import Layout
-from handler.request import GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
+from handler.request import DecodeRow, GenerationRequest, SlotRequest, SlotRequestError, TokenChoice
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +121,7 @@ class SimSlot:
     eos_at: int | None  # the token index (1-based) that is EOS; None: never
     position: int  # the next position to write
     generated: int = 0
+    acceptance: random.Random | None = None  # speculation's draws (None: the model drafts nothing)
 
 
 def request_seed(request: SlotRequest) -> int:
@@ -115,6 +131,12 @@ def request_seed(request: SlotRequest) -> int:
     adapter = f"|{request.adapter_id}" if request.adapter_id is not None else ""
     key = f"{','.join(map(str, request.prompt_ids))}|{sampled_seed}{adapter}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+
+
+def acceptance_seed(request: SlotRequest) -> int:
+    """The seed of a row's acceptance draws: the request's own (`request_seed`), kept apart from its
+    tokens' generator so that drawing acceptances never changes the tokens."""
+    return request_seed(request) ^ 0x5EC0_5EC0_5EC0_5EC0
 
 
 def stand_in_logits(rows: int, vocab_size: int, likely: int = 40, seed: int = 0) -> torch.Tensor:
@@ -149,8 +171,13 @@ class SimModel:
         sim: SimConfig,
         clock: Clock | None = None,
         tokenizer: Any = None,
+        draft_tokens: int = 0,
     ) -> None:
-        """`tokenizer`: the one grammar masks are built on; None: no constraint can be served."""
+        """`tokenizer`: the one grammar masks are built on; None: no constraint can be served.
+        `draft_tokens`: scheduler.speculation's k (0: no speculation), modelled by `decode_plan`."""
+        if draft_tokens < 0:
+            raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
+        self.draft_tokens = draft_tokens
         self.profile = profile
         self.vocab_ids = list(vocab_ids)
         self.eos_token_id = eos_token_id
@@ -159,6 +186,7 @@ class SimModel:
         self.clock = clock or RealClock()
         self.slots: dict[int, SimSlot] = {}
         self.busy_s = 0.0  # simulated device time charged so far
+        self.sampling_s = 0.0  # host seconds the last call's sampler calls took, together
         self.sampling = HostSampling(profile.batch_size, {eos_token_id}, n_positions, tokenizer, profile.vocab_size)
         self.logits = stand_in_logits(profile.batch_size, profile.vocab_size)
 
@@ -184,6 +212,7 @@ class SimModel:
             if slot.position >= self.n_positions:
                 raise ValueError(f"slot position {slot.position} is past n_positions {self.n_positions}")
         picks = self.sampling.next_tokens(slots, self.logits[: len(slots)])  # profile.vocab_size wide
+        self.sampling_s += self.sampling.seconds
         out = []
         for s, pick in zip(slots, picks, strict=True):
             slot = self.slots[s]
@@ -219,6 +248,7 @@ class SimModel:
         for request in requests:
             if request.slot in self.slots:
                 raise ValueError(f"slot {request.slot} is occupied")
+        self.sampling_s = 0.0
         try:
             for request in requests:
                 started = self.clock.now()
@@ -226,7 +256,10 @@ class SimModel:
                 eos_at = None if request.ignore_eos else rng.randint(1, 2 * self.sim.mean_natural_tokens - 1)
                 if eos_at is not None and eos_at <= request.sampling.min_tokens:
                     eos_at = request.sampling.min_tokens + 1
-                self.slots[request.slot] = SimSlot(request, rng, eos_at, position=len(request.prompt_ids))
+                acceptance = random.Random(acceptance_seed(request)) if self.draft_tokens else None
+                self.slots[request.slot] = SimSlot(
+                    request, rng, eos_at, position=len(request.prompt_ids), acceptance=acceptance
+                )
                 # Not `first_tokens`: each request is registered before its simulated prefill is
                 # charged, so a constraint the sampler cannot take fails the call before the clock
                 # runs for it; the rows are then sampled together, as prefill rows (`_next_tokens`).
@@ -241,13 +274,57 @@ class SimModel:
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         started = self.clock.now()
+        self._check_live(slots)
+        self.sampling_s = 0.0
+        self._charge(started, self.profile.decode_s(self._charged_rows(slots)) + self._lora_s(slots))
+        return self._next_tokens(slots)
+
+    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        """A speculative step (module docstring): one verify forward of (k + 1) x rows tokens, then
+        each row's accepted run of tokens, drawn position by position as single steps would draw them."""
+        started = self.clock.now()
+        slots = [row.slot for row in rows]
+        self._check_live(slots)
+        self.sampling_s = 0.0
+        verify_s = self.profile.verify_s(self._charged_rows(slots), self.draft_tokens)
+        self._charge(started, verify_s + self._lora_s(slots))
+        wanted = [1 + self._accepted(self.slots[row.slot], min(self.draft_tokens, row.max_tokens - 1)) for row in rows]
+        out: list[list[TokenChoice]] = [[] for _ in rows]
+        for position in range(max(wanted, default=0)):
+            taking = [i for i, n in enumerate(wanted) if n > position and not self._ended(out[i])]
+            if not taking:
+                break
+            for i, choice in zip(taking, self._next_tokens([slots[i] for i in taking]), strict=True):
+                out[i].append(choice)
+        return out
+
+    def _accepted(self, slot: SimSlot, drafted: int) -> int:
+        """How many of the row's `drafted` tokens the modelled verify accepts: each in turn with
+        probability speculation_acceptance, up to the first rejection."""
+        accepted = 0
+        rng = slot.acceptance
+        if rng is None:
+            return 0
+        while accepted < drafted and rng.random() < self.sim.speculation_acceptance:
+            accepted += 1
+        return accepted
+
+    def _ended(self, tokens: list[TokenChoice]) -> bool:
+        """The row's last token is the model's EOS: a real verify gives nothing after it."""
+        return bool(tokens) and tokens[-1].token_id == self.eos_token_id
+
+    def _check_live(self, slots: Sequence[int]) -> None:
         unknown = [s for s in slots if s not in self.slots]
         if unknown:
             raise ValueError(f"decode of slot(s) {unknown} that hold no sequence")
-        rows = self.profile.batch_size if self.sim.charge == "compiled_batch" else len(slots)
+
+    def _charged_rows(self, slots: Sequence[int]) -> int:
+        """The rows a step is charged for: the live ones, or the compiled batch (`charge`)."""
+        return self.profile.batch_size if self.sim.charge == "compiled_batch" else len(slots)
+
+    def _lora_s(self, slots: Sequence[int]) -> float:
         adapters = {self.slots[s].request.adapter_id for s in slots} - {None}
-        self._charge(started, self.profile.decode_s(rows) + self.profile.lora_s(len(adapters)))
-        return self._next_tokens(slots)
+        return self.profile.lora_s(len(adapters))
 
     def release(self, slot: int) -> None:
         self.slots.pop(slot, None)
@@ -258,8 +335,14 @@ class SimBackend(Backend):
     name = "sim"
 
     def __init__(
-        self, config: HandlerConfig, checkpoint: Path, model_dir: str | Path | None, clock: Clock | None = None
+        self,
+        config: HandlerConfig,
+        checkpoint: Path,
+        model_dir: str | Path | None,
+        clock: Clock | None = None,
+        speculative_tokens: int = 0,
     ) -> None:
+        """`speculative_tokens`: scheduler.speculation's k (0: none); the sim drafts them itself."""
         if config.sim is None:
             raise ConfigError("model-config.yaml: handler.sim: required when backend is 'sim' (at least 'profile')")
         self.profile = load_profile(resolve_profile_path(config.sim.profile, model_dir))
@@ -290,7 +373,10 @@ class SimBackend(Backend):
             config.sim,
             clock,
             tokenizer=None if self._constraint_refusal else self.tokenizer,
+            draft_tokens=speculative_tokens,
         )
+        self.draft_tokens = speculative_tokens
+        self.tokens_per_step = speculative_tokens + 1
         logger.info(
             "sim profile %s: batch_size=%d n_positions=%d step(1)=%.2f ms step(%d)=%.2f ms charge=%s time_scale=%g",
             self.profile.name,
@@ -302,6 +388,16 @@ class SimBackend(Backend):
             config.sim.charge,
             config.sim.time_scale,
         )
+        if speculative_tokens:
+            logger.info(
+                "sim speculation: k=%d drafted tokens per row, each accepted with probability %g "
+                "(%.2f tokens per row and step on average); verify step(%d)=%.2f ms",
+                speculative_tokens,
+                config.sim.speculation_acceptance,
+                expected_tokens_per_step(config.sim.speculation_acceptance, speculative_tokens),
+                self.profile.batch_size,
+                self.profile.verify_s(self.profile.batch_size, speculative_tokens) * 1000,
+            )
 
     def logprobs_refusal(self, logprobs: bool, prompt_logprobs: bool) -> str | None:
         """The simulated model has no logits: its tokens are drawn from the vocabulary, so any
@@ -334,7 +430,7 @@ class SimBackend(Backend):
 
     @property
     def sampling_s(self) -> float:
-        return self.model.sampling.seconds
+        return self.model.sampling_s
 
     # -- LoRA ----------------------------------------------------------------------------
     def lora_shapes(self) -> dict[str, tuple[int, int]] | None:
@@ -371,6 +467,14 @@ class SimBackend(Backend):
 
     def decode(self, slots: Sequence[int]) -> list[TokenChoice]:
         return self.model.decode(slots)
+
+    def decode_plan(self, rows: Sequence[DecodeRow]) -> list[list[TokenChoice]]:
+        """Without speculation the base contract's one token a row; with it, the modelled verify
+        step (`SimModel.decode_plan`)."""
+        if not self.draft_tokens:
+            return super().decode_plan(rows)
+        self.check_row_adapters(rows)
+        return self.model.decode_plan(rows)
 
     def release(self, slot: int) -> None:
         self.model.release(slot)

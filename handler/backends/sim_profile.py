@@ -5,7 +5,11 @@ A profile describes one compiled model the way transformers-neuronx builds it: a
 published step times:
 
 - `decode_step_ms`: time of one decode step by the number of rows in it (per-token
-  latency p50); linear in between, extended linearly beyond the points.
+  latency p50); linear in between, extended linearly beyond the points. A key is the tokens one
+  forward computes: one per row in a plain decode step; a speculative verify step computes k + 1
+  per row (`verify_s`), so a profile may carry points beyond `batch_size` for it: a verify of
+  `batch_size` rows with (key / batch_size - 1) drafted tokens each (a generated profile carries the
+  step-time model's at the widest verify, scripts/plan/sweep.py's `verify_ms`).
 - `prefill_ms`: time of the context encoding (TTFT p50) by prompt tokens processed,
   rows x bucket length; linear in between and beyond.
 - `vocab_size`: the model's vocabulary; the sim samples each step from logits this wide,
@@ -85,6 +89,23 @@ class Profile(BaseModel):
         """Seconds for one decode step of `rows` rows."""
         return _interpolate(sorted(self.decode_step_ms.items()), rows) / 1000
 
+    def verify_s(self, rows: int, draft_tokens: int) -> float:
+        """Seconds for one speculative verify step of `rows` rows, each carrying `draft_tokens`
+        drafted tokens: one forward of (draft_tokens + 1) x rows tokens, read off the decode table.
+
+        Why the decode table and not `prefill_s`, though k + 1 tokens a row looks like a small
+        prefill: a verify reads the weights once for all its tokens and attends to each row's cache,
+        as a decode step does; the prefill table describes a context kernel that takes one row at a
+        time, pads it to a context bucket (128 tokens and up) and pays a per-call overhead, which
+        would charge a verify several prefills. No published Inferentia2 figure times a verify step.
+        A generated profile carries the step-time model's verify of every slot at the widest k
+        (scripts/plan/sweep.py's `verify_ms`: weights and each row's cache read once, the per-row
+        overhead paid per token), and its table interpolates exactly for a narrower one. A profile
+        of published figures has points up to `batch_size` only and extends linearly from its last
+        two: each extra token costs what an extra row costs, its cache read included, an upper
+        bound where the verify reads each row's cache once for its k + 1 queries."""
+        return self.decode_s((draft_tokens + 1) * rows)
+
     def lora_s(self, adapters: int) -> float:
         """Seconds `adapters` distinct LoRA adapters add to one step (uncalibrated: module docstring)."""
         return adapters * (self.lora_step_ms or 0.0) / 1000
@@ -106,6 +127,19 @@ class Profile(BaseModel):
     def ideal_tokens_per_s(self) -> float:
         """The roofline of this profile: a full batch every decode step."""
         return self.batch_size / self.decode_s(self.batch_size)
+
+
+def expected_tokens_per_step(acceptance: float, draft_tokens: int) -> float:
+    """Mean tokens a row takes from one verify step when each of its `draft_tokens` drafted tokens
+    is accepted with probability `acceptance`, independently, up to the first rejection, plus the one
+    token the step always gives: 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a); k + 1 at a = 1."""
+    if not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"acceptance must be within [0, 1], got {acceptance}")
+    if draft_tokens < 0:
+        raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
+    if acceptance == 1.0:
+        return float(draft_tokens + 1)
+    return (1 - acceptance ** (draft_tokens + 1)) / (1 - acceptance)
 
 
 def _interpolate(points: Sequence[tuple[int, float]], x: float) -> float:

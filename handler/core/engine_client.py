@@ -33,8 +33,8 @@ from handler.core.adapter_updates import AdapterUpdates
 from handler.core.preparation import GenerationCore, Work
 from handler.core.response import News
 from handler.engine.interface import Engine
-from handler.engine.ngram import NgramProposer
 from handler.engine.outbox import Update
+from handler.engine.speculation import Speculator
 from handler.engine.step_engine import StepEngine, StepRecord
 from handler.errors import EngineError, Overloaded, ServingError
 from handler.replicas.model import ReplicatedModel
@@ -107,7 +107,7 @@ class EngineClient:
                 settings.prefill_token_budget,
                 admission_wait=settings.admission_wait,
                 max_adapters=core.config.max_adapters,
-                proposer=NgramProposer.of(settings.speculation),
+                speculator=Speculator.of(settings.speculation),
             )
             client = cls(core, engine, handler.step_timeout_s, max_queue_wait_s=handler.max_queue_wait_s)
         if handler.lora is not None and handler.lora.runtime_updates:

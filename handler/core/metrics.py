@@ -21,6 +21,10 @@ Continuous mode, per handler call / engine step:
                                    logits (inside the prefill and decode times above)
   llm_step_detokenize_seconds      the host's share spent after them: detokenizing, stop
                                    strings and end checks of every row
+  llm_decode_tokens_per_row        a decode step's tokens per row (1; up to k + 1 with speculation)
+  llm_spec_proposed_tokens         speculation: tokens proposed for verification (counter)
+  llm_spec_accepted_tokens         speculation: proposed tokens accepted (counter; accepted /
+                                   proposed is the acceptance rate)
   llm_frontend_round_trip_seconds  from one handler reply to the frontend's next call
                                    (TorchServe only: the ASGI frontend has no such gap)
   llm_cancelled_requests           requests whose client went away before the end (counter)
@@ -132,6 +136,21 @@ HTTP_RESPONSES = MetricSpec(
 MODEL_READY = MetricSpec("llm_model_ready", GAUGE, "count", "1 once the model serves, else 0.")
 IN_FLIGHT = MetricSpec("llm_requests_in_flight", GAUGE, "count", "Requests the ASGI frontend holds.")
 ENGINE_STEPS = MetricSpec("llm_engine_steps", COUNTER, "count", "Engine steps since the start.")
+SPEC_PROPOSED = MetricSpec(
+    "llm_spec_proposed_tokens",
+    COUNTER,
+    "count",
+    "Speculative decoding: tokens proposed for verification (prompt lookup's, or a draft model's).",
+)
+SPEC_ACCEPTED = MetricSpec(
+    "llm_spec_accepted_tokens", COUNTER, "count", "Speculative decoding: proposed tokens the model accepted."
+)
+TOKENS_PER_ROW = MetricSpec(
+    "llm_decode_tokens_per_row",
+    HISTOGRAM,
+    "tokens",
+    "A decode step's tokens per row: 1 without speculation, up to k + 1 with it.",
+)
 
 # What the handler reports through TorchServe (both frontends report them), in this order.
 SERVING_METRICS = (
@@ -146,6 +165,9 @@ SERVING_METRICS = (
     DECODE_STEP,
     STEP_SAMPLING,
     STEP_DETOKENIZE,
+    TOKENS_PER_ROW,
+    SPEC_PROPOSED,
+    SPEC_ACCEPTED,
     ROUND_TRIP,
     CANCELLED,
     REJECTED,
@@ -217,6 +239,11 @@ class ServingMetrics:
                 self.record(DECODE_STEP, step.decode_s)
             self.record(STEP_SAMPLING, step.sampling_s)
             self.record(STEP_DETOKENIZE, step.detokenize_s)
+            if step.decoded:
+                self.record(TOKENS_PER_ROW, step.decoded_tokens / step.decoded)
+            if step.proposed_tokens:
+                self.record(SPEC_PROPOSED, step.proposed_tokens)
+                self.record(SPEC_ACCEPTED, step.accepted_tokens)
         if occupied is not None:
             self.record(OCCUPIED, occupied)
         if waiting is not None:

@@ -20,7 +20,7 @@ import numpy as np
 @dataclass(frozen=True)
 class NgramProposer:
     k: int  # tokens proposed at most (num_speculative_tokens)
-    min_n: int = 1  # prompt_lookup_min
+    min_n: int = 2  # prompt_lookup_min
     max_n: int = 4  # prompt_lookup_max
 
     def __post_init__(self) -> None:

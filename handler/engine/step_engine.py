@@ -40,11 +40,11 @@ from pathlib import Path
 from handler import failpoints
 from handler.backends.base import Backend
 from handler.engine.between_steps import BetweenSteps, failed, run_jobs, run_unloads
-from handler.engine.ngram import NgramProposer
 from handler.engine.outbox import Outboxes, Update
 from handler.engine.plan import Admission
 from handler.engine.scheduler import SlotScheduler
 from handler.engine.sequence import Sequence
+from handler.engine.speculation import Speculator
 from handler.errors import EngineError, InvalidRequest, ServingError
 from handler.lora.adapters import AdapterError
 from handler.request import DecodeRow, SlotRequestError, TokenChoice
@@ -64,7 +64,9 @@ class StepRecord:
     `sampling_s` (inside the backend calls: choosing tokens from logits) and `detokenize_s`
     (after them: each Sequence's detokenizer, stop strings and end checks). `decoded` counts
     the rows of the decode call, `decoded_tokens` the tokens it gave them (as many as the rows
-    unless the backend gives a row several a step; a row whose answer was refused gives none)."""
+    unless the backend gives a row several a step; a row whose answer was refused gives none).
+    Speculation: `proposed_tokens` tokens were proposed over `proposing_rows` rows (by the engine, or
+    drafted by the backend), and `accepted_tokens` of them taken."""
 
     prefill_s: float | None
     decode_s: float | None
@@ -75,6 +77,9 @@ class StepRecord:
     sampling_s: float = 0.0
     detokenize_s: float = 0.0
     decoded_tokens: int = 0
+    proposing_rows: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class StepEngine:
@@ -85,10 +90,11 @@ class StepEngine:
         clock: Callable[[], float] = time.perf_counter,
         admission_wait: float = 0.0,
         max_adapters: int | None = None,
-        proposer: NgramProposer | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self.backend = backend
-        self.proposer = proposer  # speculation: each decode row's guessed next tokens (engine/ngram.py)
+        # Speculation: each decode row's guessed next tokens (speculation.py), unless the backend drafts its own.
+        self.speculator = None if backend.draft_tokens else speculator
         self.scheduler: SlotScheduler[Sequence] = SlotScheduler(backend.n_slots, prefill_token_budget, max_adapters)
         self._clock = clock
         self._changed = threading.Condition()  # guards everything below; notified after each step
@@ -99,6 +105,7 @@ class StepEngine:
         self._records: list[StepRecord] = []
         self._sampling_s = self._detokenize_s = 0.0  # this step's host time so far, by stage
         self._decoded_tokens = 0  # tokens this step's decode gave
+        self._speculated = _Speculated()  # this step's proposals and what they gave
         self.steps = 0
         self._step_started: float | None = None  # while a step runs
         self._thread: threading.Thread | None = None
@@ -302,8 +309,11 @@ class StepEngine:
             return bool(released)
         self._sampling_s = self._detokenize_s = 0.0
         self._decoded_tokens = 0
+        self._speculated = _Speculated()
         prefill_s = self._prefill(list(plan.prefill)) if plan.prefill else None
         live = dict(self.scheduler.running())  # after the prefill: without the sequences it ended
+        if self.speculator is not None:
+            self.speculator.retain(sequence.request_id for sequence in live.values())
         rows = [(self._proposed(row, live[row.slot]), live[row.slot]) for row in plan.decode_rows(live)]
         decode_s = self._decode(rows) if rows else None
         self._finish_step(prefill_s, decode_s, len(plan.prefill), len(rows))
@@ -311,11 +321,11 @@ class StepEngine:
         return True
 
     def _proposed(self, row: DecodeRow, sequence: Sequence) -> DecodeRow:
-        """The row with the tokens the proposer guesses follow its text, as many as it may take
+        """The row with the tokens the speculator guesses follow its text, as many as it may take
         beyond the one it always gets."""
-        if self.proposer is None or row.max_tokens < 2:
+        if self.speculator is None or row.max_tokens < 2:
             return row
-        proposal = self.proposer.propose(sequence.token_history())[: row.max_tokens - 1]
+        proposal = self.speculator.propose(sequence.request_id, sequence.token_history(), row.max_tokens - 1)
         return dataclasses.replace(row, proposal=proposal) if proposal else row
 
     def _run_between_steps(self) -> None:
@@ -404,9 +414,23 @@ class StepEngine:
             count = len(tokens) if isinstance(tokens, (list, tuple)) else type(tokens).__name__
             self._fail(live, RuntimeError(f"the backend answered {count} rows for {len(rows)} decode rows"), "decode")
             return elapsed
+        self._count_speculation(rows, tokens)
         accepted = self._deliver([(row.slot, s, row.max_tokens) for row, s in rows], tokens)
         self._decoded_tokens += accepted
         return elapsed
+
+    def _count_speculation(self, rows: list[tuple[DecodeRow, Sequence]], tokens: list[list[TokenChoice]]) -> None:
+        """Each row's proposal (the engine's, or the backend's own drafts) and how much of it the
+        backend took: for the metrics and the speculator's back-off."""
+        drafts = self.backend.draft_tokens
+        for (row, sequence), got in zip(rows, tokens, strict=True):
+            proposed = min(drafts, row.max_tokens - 1) if drafts else len(row.proposal)
+            if not proposed or not _fits(got, row.max_tokens):
+                continue
+            accepted = min(len(got) - 1, proposed)
+            self._speculated.add(proposed, accepted)
+            if self.speculator is not None:
+                self.speculator.observe(sequence.request_id, proposed, accepted)
 
     def _deliver(self, rows: list[tuple[int, Sequence, int]], tokens: list[list[TokenChoice]]) -> int:
         """Each row's tokens (slot, sequence, the most it may take) into its sequence; a row
@@ -480,10 +504,28 @@ class StepEngine:
                         self._sampling_s,
                         self._detokenize_s,
                         self._decoded_tokens,
+                        *self._speculated.figures(),
                     )
                 )
                 del self._records[:-1000]  # nobody drains them outside TorchServe
             self._changed.notify_all()
+
+
+@dataclass
+class _Speculated:
+    """One step's proposals: the rows that proposed, the tokens proposed, the tokens taken."""
+
+    rows: int = 0
+    proposed: int = 0
+    accepted: int = 0
+
+    def add(self, proposed: int, accepted: int) -> None:
+        self.rows += 1
+        self.proposed += proposed
+        self.accepted += accepted
+
+    def figures(self) -> tuple[int, int, int]:
+        return self.rows, self.proposed, self.accepted
 
 
 def _tokens_left(sequence: Sequence) -> int:

@@ -35,6 +35,7 @@ INF = float("inf")
 # queue waits up to a minute under load.
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, INF)
 RATIO_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0, INF)
+TOKEN_BUCKETS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 9.0, INF)  # tokens per row per step (k <= 8)
 # Totals their owner keeps (the engine counts its steps), read at scrape time rather than added to.
 SCRAPED_TOTALS = (ENGINE_STEPS,)
 
@@ -44,7 +45,7 @@ def _metric(spec: MetricSpec, registry: CollectorRegistry) -> Counter | Gauge | 
         return Counter(spec.name, spec.help, spec.labels, registry=registry)
     if spec.kind is MetricKind.GAUGE:
         return Gauge(spec.name, spec.help, spec.labels, registry=registry)
-    buckets = RATIO_BUCKETS if spec.unit == "ratio" else SECONDS_BUCKETS
+    buckets = {"ratio": RATIO_BUCKETS, "tokens": TOKEN_BUCKETS}.get(spec.unit, SECONDS_BUCKETS)
     return Histogram(spec.name, spec.help, spec.labels, registry=registry, buckets=buckets)
 
 

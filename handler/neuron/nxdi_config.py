@@ -10,13 +10,19 @@ keywords through, except those the backend owns or that change what a step call 
 (REFUSED_NXDI_OPTIONS): they fail at config time, naming the key. NxDI's NeuronConfig only
 warns on a keyword it does not know, so the backend also refuses, at start, any keyword the
 installed NxDI does not know (a typo must not pass silently).
+
+`speculation` (NxdiSpeculation) compiles an EAGLE draft into the model with NxDI's fused
+speculation (handler/neuron/nxdi_speculation.py has the facts): it needs on-device sampling, and
+the speculation keywords are the backend's (refused in `neuron_config`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from handler.neuron.config import DeviceSection, Option
@@ -29,6 +35,10 @@ DEFAULT_GLOBAL_TOPK = 256  # OnDeviceSamplingConfig's default: the candidates th
 _OWNED = "the backend sets it from the rest of model-config.yaml"
 _SLOTS = f"{_OWNED} (continuous batching with scheduler.n_slots slots and one prompt per context encoding)"
 _STEP = "it changes what a step call takes or returns, which the step contract (handler/backends/base.py) relies on"
+_SPECULATION = (
+    f"{_OWNED}: handler.nxdi.speculation (EAGLE with fused speculation; draft-model and Medusa speculation serve one "
+    "sequence at a time)"
+)
 REFUSED_NXDI_OPTIONS: dict[str, str] = {
     **{
         key: _SLOTS
@@ -61,10 +71,16 @@ REFUSED_NXDI_OPTIONS: dict[str, str] = {
     "is_block_kv_layout": _STEP,
     "is_prefix_caching": _STEP,
     "chunked_prefill_config": _STEP,
-    "speculation_length": _STEP,
-    "enable_fused_speculation": _STEP,
-    "enable_eagle_speculation": _STEP,
+    "speculation_length": _SPECULATION,
+    "enable_fused_speculation": _SPECULATION,
+    "enable_eagle_speculation": _SPECULATION,
+    "is_eagle3": _SPECULATION,
+    "is_eagle_draft": f"{_OWNED}: the backend sets it on the EAGLE draft's config (handler.nxdi.speculation)",
+    "trace_tokengen_model": "NxD Inference 0.6-0.10 derives it from the speculation settings and ignores the keyword "
+    "(models/config.py); use handler.nxdi.speculation",
+    "token_tree_config": _STEP,
     "is_medusa": _STEP,
+    "medusa_speculation_length": _STEP,
     "lora_config": f"{_OWNED}: handler.lora (adapters, max_loras, max_lora_rank) and handler.nxdi.dynamic_multi_lora",
 }
 
@@ -110,6 +126,40 @@ def device_sampling_row(sampling: SamplingParams, global_topk: int) -> tuple[flo
         return (1.0, 1.0, 1.0)
     top_k = sampling.top_k if sampling.top_k > 0 else global_topk
     return (float(top_k), float(sampling.top_p), float(sampling.temperature))
+
+
+MAX_DRAFT_TOKENS = 8  # NxDI sets no bound; every step runs the draft k + 1 times and verifies k + 1 positions
+# NeuronConfig keywords NxDI refuses beside fused speculation (models/config.py:610-654, ValueError).
+SPECULATION_INCOMPATIBLE = ("token_generation_batches",)
+
+
+class NxdiSpeculation(BaseModel):
+    """`handler.nxdi.speculation`: an EAGLE draft compiled into the model with NxDI's fused
+    speculation (docs/speculative.md, "EAGLE on Inferentia2"); a step gives each row 1 to k + 1 tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    method: Literal["eagle", "eagle3"] = Field(
+        description="eagle: an EAGLE (v1) draft; eagle3: an EAGLE-3 draft (NeuronConfig is_eagle3, NxD Inference 0.7+ "
+        "/ SDK 2.27+)",
+    )
+    draft_model_path: str = Field(
+        min_length=1,
+        description="the draft's Hugging Face checkpoint folder (absolute, or relative to the model archive like the "
+        "checkpoint); it must hold the model's LM head (lm_head.weight), and its content is part of the compiled "
+        "artifacts' manifest",
+    )
+    num_speculative_tokens: int = Field(
+        ge=1,
+        le=MAX_DRAFT_TOKENS,
+        description="k: tokens the draft proposes per row per step (NxDI's speculation_length is k + 1); a request's "
+        "prompt + max_new_tokens may use n_positions - (k - 1) positions",
+    )
+
+    def draft_path(self, model_dir: str | Path) -> Path:
+        """The draft's absolute folder (a relative one is inside the model archive)."""
+        path = Path(self.draft_model_path)
+        return path if path.is_absolute() else Path(model_dir) / path
 
 
 def _check_buckets(value: list[int] | None) -> list[int] | None:
@@ -171,6 +221,28 @@ class NxdiConfig(DeviceSection):
         description="more NxDI NeuronConfig keywords, e.g. {fused_qkv: true}; those the backend owns or cannot "
         "honour fail at config time, keywords the installed NxDI does not know fail at start",
     )
+    speculation: NxdiSpeculation | None = Field(
+        default=None,
+        description="EAGLE speculative decoding compiled into the model (needs on_device_sampling; not with "
+        "handler.lora or scheduler.mode static)",
+    )
+
+    @model_validator(mode="after")
+    def _speculation_samples_on_device(self) -> NxdiConfig:
+        if self.speculation is None:
+            return self
+        if not self.on_device_sampling:
+            raise ValueError(
+                "speculation needs on_device_sampling: true: NxD Inference's fused speculation picks and verifies "
+                "tokens on the device (every fused forward asserts on_device_sampling_config, models/model_base.py)"
+            )
+        clash = [key for key in SPECULATION_INCOMPATIBLE if key in self.neuron_config]
+        if clash:
+            raise ValueError(
+                f"neuron_config.{clash[0]} cannot go with speculation: NxD Inference refuses batch bucketing beside "
+                "fused speculation (models/config.py _validate_batch_bucketing_compatibility)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _dynamic_lora_needs_unsharded_weights(self) -> NxdiConfig:

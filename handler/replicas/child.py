@@ -22,8 +22,8 @@ from pathlib import Path
 
 from handler.backends.base import Backend
 from handler.backends.loader import load_backend
-from handler.engine.ngram import NgramProposer
 from handler.engine.sequence import Sequence
+from handler.engine.speculation import Speculator
 from handler.engine.step_engine import StepEngine
 from handler.grammar import matchers
 from handler.replicas.protocol import (
@@ -70,11 +70,11 @@ class Replica:
         prefill_token_budget: int,
         conn: Connection,
         max_adapters: int | None = None,
-        proposer: NgramProposer | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self.backend = backend
         self.conn = conn
-        self.engine = StepEngine(backend, prefill_token_budget, max_adapters=max_adapters, proposer=proposer)
+        self.engine = StepEngine(backend, prefill_token_budget, max_adapters=max_adapters, speculator=speculator)
         self.engine.on_step = self._report
         self._lock = threading.Lock()  # guards _reported and the sending side of conn
         self._reported: dict[str, tuple[Sequence, int]] = {}  # request id: its sequence, tokens reported
@@ -186,7 +186,7 @@ def run(conn: Connection) -> int:
         spec.config.scheduler.prefill_token_budget,
         conn,
         spec.config.max_adapters,
-        NgramProposer.of(spec.config.scheduler.speculation),
+        Speculator.of(spec.config.scheduler.speculation),
     )
     load_s = time.perf_counter() - started
     logger.info("replica %d ready in %.1f s", spec.index, load_s)

@@ -128,14 +128,6 @@ class BatchSampler:
         self._slots.pop(slot, None)
         self._shaper.remove(slot)
 
-    def stateless(self, slot: int) -> bool:
-        """Whether choosing the slot's token changes nothing here: greedy, no repetition penalty, no
-        output shaping this step (penalties on the output, bias, min_tokens, a grammar), no logprobs.
-        Such a slot's tokens for several positions can be chosen in one step (speculative decoding
-        verifies proposals this way), each exactly as a step of its own would choose it."""
-        state = self._slots[slot]
-        return not state.do_sample and state.penalty == 1.0 and state.logprobs is None and not self._shaper.shapes(slot)
-
     # -- one step ------------------------------------------------------------------------
     def sample(self, slots: Sequence[int], logits: torch.Tensor, vocab_size: int | None = None) -> list[TokenChoice]:
         """The token of each row: `logits` [len(slots), >= vocab] (columns past `vocab_size`

@@ -115,10 +115,6 @@ class PerSlotSampler:
     def remove(self, slot: int) -> None:
         self._slots.pop(slot, None)
 
-    def stateless(self, slot: int) -> bool:
-        """Never: this baseline does not speculate."""
-        return False
-
     def sample(self, slots, logits: torch.Tensor, vocab_size: int | None = None) -> list[TokenChoice]:
         started = time.perf_counter()
         vocab = vocab_size or logits.shape[-1]

@@ -64,9 +64,12 @@ def main(argv: Sequence[str] | None = None) -> str:
     started = time.perf_counter()
     try:
         config = ServingConfig.from_model_yaml(raw)
-        if raw["handler"]["backend"] == "nxdi":  # the adapters are compiled in (relative ones: beside the config)
-            lora = nxdi_lora(config, args.config.resolve().parent)
-            backend = DeviceBackend(config, args.model_dir.resolve(), gpu_id=None, workers=1, lora=lora)
+        if raw["handler"]["backend"] == "nxdi":  # adapters and EAGLE draft compiled in (relative: beside the config)
+            beside = args.config.resolve().parent
+            speculation = config.handler.nxdi.speculation
+            draft = speculation.draft_path(beside) if speculation is not None else None
+            lora = nxdi_lora(config, beside)
+            backend = DeviceBackend(config, args.model_dir.resolve(), gpu_id=None, workers=1, lora=lora, draft=draft)
         else:
             backend = DeviceBackend(config, args.model_dir.resolve(), gpu_id=None, workers=1)
     except ConfigError as exc:

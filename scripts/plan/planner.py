@@ -14,9 +14,13 @@ checkpoint's config.json alone.
    rate keeping TTFT p90 <= --slo-ttft-ms and ITL p50 <= --slo-itl-ms.
 5. Ranked by cost per million output tokens (the instance's on-demand price); the reason each
    loser lost; a PNG of throughput against ITL for the top layouts; the winner's model-config.yaml.
+6. With --speculation-k K (and --acceptance-rate A): the top layouts swept again with speculative
+   decoding modelled (scripts/plan/sweep.py: a verify step of (K + 1) x slots tokens giving each row
+   (1 - A^(K+1)) / (1 - A) tokens), printed and written apart, marked a model, not a measurement.
 
     python -m scripts.plan.planner --model /models/Llama-3.1-8B-Instruct --instance inf2.48xlarge
     python -m scripts.plan.planner --model tests/fixtures/configs/llama-2-7b.json --slo-itl-ms 30
+    python -m scripts.plan.planner --model ... --speculation-k 3 --acceptance-rate 0.6
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.backends.sim_profile import Profile
+from handler.config import SimConfig
 from handler.errors import ConfigError
 from handler.neuron.memory import ModelShape, estimate
 from handler.neuron.step_calibration import POINTS_FILE, Check, as_dict, calibrated, format_validation
@@ -46,19 +51,34 @@ from scripts.plan.layouts import (
     load_instances,
     most_positions,
 )
-from scripts.plan.report import Outcome, config_snippet, format_losers, format_ranking, plot, rank
+from scripts.plan.report import (
+    Outcome,
+    SpeculativeOutcome,
+    config_snippet,
+    format_losers,
+    format_ranking,
+    format_speculation,
+    plot,
+    rank,
+    speculation_report,
+)
 from scripts.plan.sweep import (
     REQUESTS_PER_LOAD,
     SLO,
+    WIDEST_DRAFT,
     BudgetTrial,
+    Speculation,
     Sweep,
     choose_budget,
     format_budgets,
+    speculative_profile,
     step_profile,
     sweep,
 )
 
 REPO = Path(__file__).resolve().parents[2]
+SPECULATIVE_LAYOUTS = 5  # the top layouts that fit, swept again with speculation
+DEFAULT_ACCEPTANCE = SimConfig.model_fields["speculation_acceptance"].default  # the sim's
 
 
 def evaluate(
@@ -96,10 +116,46 @@ def profile_of(shape: ModelShape, c: Candidate, cal: Calibration, workload: Work
     )
 
 
+def evaluate_speculation(
+    shape: ModelShape,
+    ranked: list[Outcome],
+    cal: Calibration,
+    workload: Workload,
+    slo: SLO,
+    requests: int,
+    speculation: Speculation,
+    budget: int = DEFAULT_BUDGET,
+    layouts: int = SPECULATIVE_LAYOUTS,
+) -> list[SpeculativeOutcome]:
+    """The first `layouts` ranked layouts that fit, swept again at the speculative pace (a model)."""
+    out = []
+    for plain in [o for o in ranked if o.no_fit is None][:layouts]:
+        c = plain.candidate
+        profile = profile_of(shape, c, cal, workload)
+        fast = speculative_profile(profile, speculation)
+        modelled = Outcome(c, most_positions=plain.most_positions, near_hbm_limit=plain.near_hbm_limit)
+        modelled.decode_ms, modelled.prefill_ms, modelled.sweep, modelled.miss = _sweep_profile(
+            fast, c, workload, slo, requests, budget, "the speculative pace per token"
+        )
+        out.append(SpeculativeOutcome(plain, modelled, speculation.verify_ms(profile)))
+    return out
+
+
 def _sweep_one(
     shape: ModelShape, c: Candidate, cal: Calibration, workload: Workload, slo: SLO, requests: int, budget: int
 ) -> tuple[float, float, Sweep | None, str | None]:
-    profile = profile_of(shape, c, cal, workload)
+    return _sweep_profile(profile_of(shape, c, cal, workload), c, workload, slo, requests, budget)
+
+
+def _sweep_profile(
+    profile: Profile,
+    c: Candidate,
+    workload: Workload,
+    slo: SLO,
+    requests: int,
+    budget: int,
+    step: str = "a decode step",
+) -> tuple[float, float, Sweep | None, str | None]:
     step_ms = profile.decode_s(c.n_slots) * 1000
     prefill_ms = profile.prefill_s(1, workload.prompt_tokens) * 1000
     if step_ms > slo.itl_p50_ms:
@@ -107,7 +163,7 @@ def _sweep_one(
             step_ms,
             prefill_ms,
             None,
-            f"a decode step of {c.n_slots} slot(s) is {step_ms:.1f} ms > ITL {slo.itl_p50_ms:g}",
+            f"{step} of {c.n_slots} slot(s) is {step_ms:.1f} ms > ITL {slo.itl_p50_ms:g}",
         )
     if prefill_ms > slo.ttft_p90_ms:
         return step_ms, prefill_ms, None, f"one prefill is {prefill_ms:.0f} ms > TTFT {slo.ttft_p90_ms:g}"
@@ -142,6 +198,25 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def parse_rate(text: str) -> float:
+    """An argparse type: a probability, 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a probability within [0, 1], e.g. 0.6")
+    return value
+
+
+def parse_draft(text: str) -> int:
+    """An argparse type: scheduler.speculation's k, 1 to 8."""
+    value = at_least(1)(text)
+    if value > WIDEST_DRAFT:
+        raise argparse.ArgumentTypeError(f"{text!r}: k is at most {WIDEST_DRAFT} (scheduler.speculation)")
+    return value
+
+
 def parse_slots(text: str) -> tuple[int, ...]:
     try:
         values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
@@ -174,12 +249,32 @@ def main(argv: list[str] | None = None) -> int:
         f"{DEFAULT_BUDGET}, then the winner's chosen among 1, 2, 4 and 8 of the longest prompt",
     )
     parser.add_argument("--top", type=at_least(1), default=10, help="rows of the ranking")
+    parser.add_argument(
+        "--speculation-k",
+        type=parse_draft,
+        default=None,
+        help="also model speculative decoding with k drafted tokens per row and step (1-8) for the top "
+        f"{SPECULATIVE_LAYOUTS} layouts: a model, not a measurement",
+    )
+    parser.add_argument(
+        "--acceptance-rate",
+        type=parse_rate,
+        default=None,
+        help="with --speculation-k: the probability that each drafted token is accepted; default "
+        f"{DEFAULT_ACCEPTANCE:g}, the sim's handler.sim.speculation_acceptance",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "build" / "plan", help="the PNG and JSON go here")
     parser.add_argument("--instances-file", type=Path, default=INSTANCES_FILE)
     parser.add_argument("--points-file", type=Path, default=POINTS_FILE)
     args = parser.parse_args(argv)
     if args.weight_dtype == "int8" and args.backend != "neuronx":
         parser.error("--weight-dtype int8 is planned for the neuronx backend (quantize_weights: s8)")
+    if args.acceptance_rate is not None and args.speculation_k is None:
+        parser.error("--acceptance-rate needs --speculation-k (the drafted tokens per row and step)")
+    speculation = None
+    if args.speculation_k is not None:
+        rate = DEFAULT_ACCEPTANCE if args.acceptance_rate is None else args.acceptance_rate
+        speculation = Speculation(args.speculation_k, rate)
     started = time.perf_counter()
 
     cal, checks = calibrated(args.points_file)
@@ -213,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     presharded = args.backend == "nxdi"  # save_sharded_checkpoint: true, the nxdi backend's default
     budget = args.prefill_token_budget or DEFAULT_BUDGET
     outcomes = rank(evaluate(shape, found, cal, workload, slo, args.requests, presharded, budget))
+    modelled: list[SpeculativeOutcome] = []
+    if speculation is not None:  # at the ranking's budget, so that the two compare
+        modelled = evaluate_speculation(shape, outcomes, cal, workload, slo, args.requests, speculation, budget)
     print(format_ranking(outcomes, slo, args.top))
     losers = format_losers(outcomes)
     if losers:
@@ -233,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         if chosen is not None:
             budget = chosen.budget
     figures = report(outcomes, checks, workload, slo) | {"prefill_token_budget": _budgets(budget, trials)}
+    if speculation is not None:
+        print("\n" + format_speculation(modelled, speculation, slo))
+        figures["speculation"] = speculation_report(modelled, speculation)
     (args.out / f"{stem}.json").write_text(json.dumps(figures, indent=1))
     if winner:
         more = ""
@@ -243,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\nNo winner: loosen the SLO, shorten the workload, or try --weight-dtype int8.")
     sweeps = {id(o.sweep): o.sweep for o in outcomes if o.sweep}
+    sweeps |= {id(m.modelled.sweep): m.modelled.sweep for m in modelled if m.modelled.sweep}
     sims = sum(len(s.points) for s in sweeps.values())
     print(f"({time.perf_counter() - started:.1f} s: {len(sweeps)} layouts swept, {sims} simulated loads)")
     return 0 if winner else 1

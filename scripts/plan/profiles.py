@@ -27,7 +27,7 @@ from handler.backends.sim_profile import Generated, Profile
 from handler.neuron.step_calibration import POINTS_FILE, Check, PublishedPoint, calibrate, check, load_points
 from handler.neuron.step_time import Calibration, CoreWork, token_bucket
 from scripts.plan.layouts import Workload
-from scripts.plan.sweep import step_profile
+from scripts.plan.sweep import WIDEST_DRAFT, step_profile
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = "scripts/plan/profiles.py"
@@ -129,6 +129,10 @@ class Generation:
     def prefill_ms(self, bucket: int) -> float:
         return self.profile.prefill_s(1, bucket) * 1000
 
+    def verify_ms(self) -> float:
+        """The widest verify step the profile carries: every slot with WIDEST_DRAFT drafted tokens."""
+        return self.profile.verify_s(self.spec.n_slots, WIDEST_DRAFT) * 1000
+
 
 def calibration(points_file: Path = POINTS_FILE) -> tuple[Calibration, list[PublishedPoint], str]:
     """The planner's calibration, its points and their date."""
@@ -194,6 +198,13 @@ def header(g: Generation) -> list[str]:
         f"    every slot (static shapes), at the token bucket of the longest row ({w.longest_prompt} + "
         f"{w.output_tokens} -> {kv} positions).",
         "    The sim's host sampler runs on top of it (about 4 ms for 32 x 128,256, docs/inferentia2.md).",
+        *_wrap(
+            f"verify: {g.verify_ms():.2f} ms for a speculative step of every slot with {WIDEST_DRAFT} drafted tokens "
+            f"each ({(WIDEST_DRAFT + 1) * s.n_slots} tokens, scripts/plan/sweep.py's verify_ms: weights and each row's "
+            "cache read once, the per-row overhead per token); the sim interpolates it for a smaller k "
+            "(handler.sim.speculation_acceptance, docs/speculative.md). A model: no published verify step.",
+            "  ",
+        ),
         *_wrap(
             f"prefill: one row at each compiled bucket (ms: {buckets}); and {s.n_slots} rows x {s.buckets[-1]} "
             "for prefills of several rows at once (scripts/bench/des.py's ideal policy; the sim prefills one "

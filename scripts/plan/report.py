@@ -1,6 +1,7 @@
 """`make plan`'s output: the layouts ranked (best first: the lowest cost per million output
 tokens among those meeting the SLO, then why each other one lost), the model-config.yaml snippet
-of the winner, and the PNG of throughput against ITL for the top layouts."""
+of the winner, the PNG of throughput against ITL for the top layouts, and, with --speculation-k,
+the top layouts with speculative decoding modelled (labelled a model, not a measurement)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from scripts.plan.layouts import Candidate, Workload
-from scripts.plan.sweep import SLO, LoadPoint, Sweep
+from scripts.plan.sweep import SLO, LoadPoint, Speculation, Sweep
+
+MODEL_NOT_MEASUREMENT = "a model, not a measurement"
 
 
 @dataclass
@@ -40,6 +43,16 @@ class Outcome:
         if best is None or best.tokens_per_s <= 0:
             return float("inf")
         return self.candidate.instance.usd_per_hour / (best.tokens_per_s * 3600) * 1e6
+
+
+@dataclass
+class SpeculativeOutcome:
+    """One layout with speculation modelled: its plain outcome, the same layout swept at the
+    speculative pace (`modelled.decode_ms` is the verify step / E, per token), and the verify step."""
+
+    plain: Outcome
+    modelled: Outcome
+    verify_ms: float  # one verify step of every compiled slot, k + 1 tokens each
 
 
 def rank(outcomes: Sequence[Outcome]) -> list[Outcome]:
@@ -119,6 +132,84 @@ def format_losers(ranked: Sequence[Outcome]) -> str:
         else:
             lines.append(f"  TP{tp}, slots {slots} ({instances}): does not fit: {first.no_fit}")
     return "\n".join(lines)
+
+
+def format_speculation(rows: Sequence[SpeculativeOutcome], speculation: Speculation, slo: SLO) -> str:
+    """The top layouts again, with speculation modelled, beside their plain figures."""
+    lines = [
+        f"Speculative decoding, {MODEL_NOT_MEASUREMENT.upper()}: {speculation.describe()}.",
+        f"verify: the step-time model's forward of (k + 1) x slots = {speculation.draft_tokens + 1} x slots tokens "
+        "(weights and each row's cache read once, the per-row overhead per token); ms/tok = verify / E;",
+        "swept as above at that pace. No published Inferentia2 verify step or acceptance rate calibrates it.",
+    ]
+    head = (
+        f"{'#':>3} {'instance':<13} {'R x TP':>7} {'slots':>5} {'step ms':>7} {'verify':>7} {'ms/tok':>6} "
+        f"{'req/s':>6} {'tok/s':>7} {'TTFT p90':>8} {'ITL p50':>7} {'$/M tok':>8}  vs plain (tok/s, ITL p50)"
+    )
+    lines += [head, "-" * len(head)]
+    for i, row in enumerate(rows, 1):
+        c, m, b = row.plain.candidate, row.modelled, row.modelled.best
+        start = (
+            f"{i:>3} {c.instance.name:<13} {f'{c.replicas}x{c.tp_degree}':>7} {c.n_slots:>5} "
+            f"{row.plain.decode_ms:>7.1f} {row.verify_ms:>7.1f} {m.decode_ms:>6.1f}"
+        )
+        if b is None:
+            lines.append(f"{start}  misses the SLO at any load: {m.miss}")
+            continue
+        lines.append(
+            f"{start} {b.rate:>6.2f} {b.tokens_per_s:>7.0f} {b.summary.ttft_ms.p90:>8.0f} "
+            f"{b.summary.itl_ms.p50:>7.1f} {m.usd_per_million:>8.2f}  {_versus(row.plain.best, b)}"
+        )
+    if not rows:
+        lines.append("    no layout fits: nothing to model")
+    lines.append(
+        "(step: the plain decode of every slot; verify: the speculative step; ms/tok: its pace per token;"
+        " the rest as in the ranking, at the same budget and SLO;"
+    )
+    lines.append(" the ranking and the snippet stay the plain plan's: neuronx serves no scheduler.speculation)")
+    return "\n".join(lines)
+
+
+def _versus(plain: LoadPoint | None, modelled: LoadPoint) -> str:
+    if plain is None:
+        return "plain misses the SLO"
+    tokens = modelled.tokens_per_s / plain.tokens_per_s - 1
+    itl = modelled.summary.itl_ms.p50 / plain.summary.itl_ms.p50 - 1
+    return f"{tokens:+.0%}, {itl:+.0%}"
+
+
+def speculation_report(rows: Sequence[SpeculativeOutcome], speculation: Speculation) -> dict[str, object]:
+    """What plan-<model>.json holds under "speculation"."""
+    layouts = []
+    for row in rows:
+        c, m, b = row.plain.candidate, row.modelled, row.modelled.best
+        entry: dict[str, object] = {
+            "instance": c.instance.name,
+            "tp_degree": c.tp_degree,
+            "replicas": c.replicas,
+            "n_slots": c.n_slots,
+            "step_ms": round(row.plain.decode_ms, 3),
+            "verify_ms": round(row.verify_ms, 3),
+            "ms_per_token": round(m.decode_ms, 3),
+            "miss": m.miss,
+        }
+        if b is not None:
+            entry |= {
+                "req_per_s": round(b.rate, 4),
+                "tokens_per_s": round(b.tokens_per_s, 1),
+                "ttft_p90_ms": round(b.summary.ttft_ms.p90, 1),
+                "itl_p50_ms": round(b.summary.itl_ms.p50, 2),
+                "usd_per_million_tokens": round(m.usd_per_million, 4),
+            }
+        layouts.append(entry)
+    return {
+        "kind": MODEL_NOT_MEASUREMENT,
+        "draft_tokens": speculation.draft_tokens,
+        "acceptance_rate": speculation.acceptance,
+        "tokens_per_step": round(speculation.tokens_per_step, 4),
+        "verify": "the step-time model's forward of (k + 1) x n_slots tokens (scripts/plan/sweep.py verify_ms)",
+        "layouts": layouts,
+    }
 
 
 def config_snippet(

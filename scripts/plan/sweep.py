@@ -12,6 +12,14 @@ system; its figures are bench_stats.summarize's.
 The decode step is charged at the compiled batch (every slot, whatever is live: the static
 shapes of a continuous-batching Neuron model) and at the token bucket of the longest row
 (prompt + output); a prefill at its prompt bucket (handler/neuron/step_time.py).
+
+Speculation (`--speculation-k`, `--acceptance-rate`): a MODEL, NOT A MEASUREMENT. A verify step is
+the step-time model's forward of (k + 1) x n_slots tokens (every compiled slot carries k drafted
+tokens and its own; `verify_ms`; `Profile.verify_s` says why a decode, not a prefill), and a row
+takes E = (1 - a^(k+1)) / (1 - a) tokens from it on average (`expected_tokens_per_step`). The sweep then
+runs the same scheduler with a decode step of verify / E per token (`speculative_profile`): each
+request's mean time per output token, what ITL is here (bench_stats' per-request mean), and the
+tokens/s follow; the bursts of 1 to k + 1 tokens a real stream gets are averaged out.
 """
 
 from __future__ import annotations
@@ -19,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from handler.backends.sim_profile import Profile
-from handler.neuron.step_time import Calibration, CoreWork, decode_ms, prefill_ms, token_bucket
+from handler.backends.sim_profile import Profile, expected_tokens_per_step
+from handler.neuron.step_time import Calibration, CoreWork, decode_features, decode_ms, prefill_ms, token_bucket
 from scripts.bench import des
 from scripts.bench.stats import LoadSummary, arrival_offsets
 from scripts.plan.layouts import Workload
@@ -28,6 +36,9 @@ from scripts.plan.layouts import Workload
 FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)  # of one replica's saturated rate, tried in order
 BISECTIONS = 2  # then halve the gap between the last rate within the SLO and the first beyond it, this often
 REQUESTS_PER_LOAD = 240  # per simulated replica
+# The widest verify a generated profile carries a point for: scheduler.speculation's largest k
+# (SpeculationConfig.num_speculative_tokens, at most 8), so the sim charges any k from the model.
+WIDEST_DRAFT = 8
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,7 @@ def step_profile(
     `buckets`: the compiled prompt buckets; default the workload's (Workload.buckets)."""
     kv_positions = token_bucket(workload.longest_prompt + workload.output_tokens, n_positions)
     step = round(decode_ms(work, n_slots, kv_positions, cal), 4)
+    widest = (WIDEST_DRAFT + 1) * n_slots
     chosen = list(buckets) if buckets else workload.buckets()
     return Profile(
         name=name,
@@ -68,9 +80,65 @@ def step_profile(
         n_positions=n_positions,
         vocab_size=max(2, vocab),
         context_buckets=tuple(chosen),
-        decode_step_ms={1: step, n_slots: step},  # every slot computed, live or not
+        # every slot computed, live or not; and the widest verify step (k + 1 tokens per slot), which
+        # the profile's linear interpolation gives exactly for any narrower one (verify_ms is linear in k)
+        decode_step_ms={
+            1: step,
+            n_slots: step,
+            widest: round(verify_ms(work, n_slots, WIDEST_DRAFT, kv_positions, cal), 4),
+        },
         prefill_ms=prefill_table(work, cal, n_slots, chosen),
     )
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """`--speculation-k` drafted tokens per row and step, each accepted with `--acceptance-rate`."""
+
+    draft_tokens: int
+    acceptance: float
+
+    @property
+    def tokens_per_step(self) -> float:
+        """E: the mean tokens a row takes from one verify step."""
+        return expected_tokens_per_step(self.acceptance, self.draft_tokens)
+
+    def verify_ms(self, profile: Profile) -> float:
+        """One verify step of every compiled slot (static shapes, as the plain step)."""
+        return profile.verify_s(profile.batch_size, self.draft_tokens) * 1000
+
+    def describe(self) -> str:
+        return (
+            f"k = {self.draft_tokens} drafted tokens per row, each accepted with probability a = {self.acceptance:g}: "
+            f"E = (1 - a^(k+1)) / (1 - a) = {self.tokens_per_step:.2f} tokens per row and verify step"
+        )
+
+
+def speculative_profile(profile: Profile, speculation: Speculation) -> Profile:
+    """The layout's profile with the decode step replaced by its speculative pace: the verify step
+    of every slot divided by the tokens a row takes from it (module docstring). Prefills unchanged."""
+    per_token = round(speculation.verify_ms(profile) / speculation.tokens_per_step, 4)
+    return profile.model_copy(
+        update={
+            "name": f"{profile.name}, speculation k={speculation.draft_tokens} a={speculation.acceptance:g}",
+            "decode_step_ms": {1: per_token, profile.batch_size: per_token},
+        }
+    )
+
+
+def verify_ms(work: CoreWork, rows: int, draft_tokens: int, kv_positions: float, cal: Calibration) -> float:
+    """The step-time model's verify step: one forward of draft_tokens + 1 tokens for each of `rows`
+    rows. Its decode terms, each counted as a verify pays it: the weights are read once, as in any
+    decode step; each row's cache once (its k + 1 queries attend to the same positions, read as one
+    stream of tiles); the per-layer costs once; the per-row overhead (the logits, the sampling and
+    the per-row work around the attention, fitted on one-token rows) per token, k + 1 times a row.
+    So decode(rows) + k x rows x row_overhead. Not a prefill: handler/backends/sim_profile.py's
+    `Profile.verify_s` says why. No published Inferentia2 verify step calibrates it, and the model has
+    no compute term (a decode step is bound by HBM): at 32 slots and k = 8 an 8B model's matrix FLOPs
+    at the prefill's fitted efficiency (about 14 ms at TP8) stay below the per-token overheads charged."""
+    weights, kv, layers, per_row, int8 = decode_features(work, rows, kv_positions)
+    features = (weights, kv, layers, per_row * (draft_tokens + 1), int8)
+    return sum(f * c for f, c in zip(features, cal.decode_coefficients(), strict=True))
 
 
 def prefill_table(work: CoreWork, cal: Calibration, n_slots: int, buckets: Sequence[int]) -> dict[int, float]:

@@ -15,6 +15,8 @@ from handler.core.metrics import (
     REPLICA_OCCUPIED,
     REPLICAS_READY,
     SERVING_METRICS,
+    SPEC_ACCEPTED,
+    SPEC_PROPOSED,
     MetricKind,
 )
 
@@ -31,10 +33,11 @@ LAYOUTS = [(mode, 1) for mode in MODES] + [("continuous", 2)]
 
 
 def wanted_series(mode: str, replicas: int = 1) -> set[str]:
-    """Static mode has the per-request and micro-batch metrics; continuous all but the fill ratio
-    and the rejections (none here: reported when a request is turned away), and the replica gauges
-    only with replicas."""
-    specs = [m for m in SERVING_METRICS if m not in (FILL, REJECTED)] if mode == "continuous" else SERVING_METRICS[:5]
+    """Static mode has the per-request and micro-batch metrics; continuous all but the fill ratio,
+    the rejections (none here: reported when a request is turned away) and speculation's counts (no
+    speculation here: reported when a row proposes), and the replica gauges only with replicas."""
+    unreported = (FILL, REJECTED, SPEC_PROPOSED, SPEC_ACCEPTED)
+    specs = [m for m in SERVING_METRICS if m not in unreported] if mode == "continuous" else SERVING_METRICS[:5]
     specs = [m for m in specs if replicas > 1 or m not in REPLICA_METRICS]
     return {f"{m.name}_count" if m.kind is MetricKind.HISTOGRAM else m.name for m in specs}
 

@@ -1,8 +1,9 @@
 """Issue 45 through both frontends (the ASGI app in-process, the real handler under the TorchServe
 harness), the tiny model with `scheduler.speculation` (prompt lookup, k = 3) against the same model
 without it: greedy completions, streamed and whole, n = 2, stop strings, a JSON-schema constraint and
-logprobs give the same text either way, and a stream's chunks (several tokens may come in one) join
-into that text."""
+logprobs, seeded sampling and penalties give the same text either way, a stream's chunks (several
+tokens may come in one) join into that text, and both frontends' metrics count the proposals, the
+accepted tokens and the tokens per row per step."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from handler.frontend.model import ServedModel
 from handler.inf2_handler import Inf2StreamingHandler
@@ -29,6 +31,10 @@ BODIES = {
         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
     },
     "logprobs": {"max_tokens": 12, "logprobs": 2},
+    # Seeded sampling and a penalty speculate too, with the very tokens of one at a time (low
+    # temperature: the tiny model's text is noise and only its near-greedy loops repeat themselves).
+    "sampled": {"max_tokens": 24, "temperature": 0.05, "seed": 11},
+    "penalised": {"max_tokens": 24, "presence_penalty": 0.1},
 }
 
 
@@ -64,6 +70,19 @@ def texts(reply: str, stream: bool) -> list[str]:
     return [out[i] for i in sorted(out)]
 
 
+class RecordingMetrics:
+    """TorchServe's `context.metrics`, keeping what the handler adds."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[str, float]] = []
+
+    def add_metric(self, name: str, value: float, *args: Any, **kwargs: Any) -> None:
+        self.added.append((name, value))
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
 @pytest.fixture(scope="module")
 def asgi_pair(tiny_model_dir: Path) -> Iterator[tuple[InProcessFrontend, InProcessFrontend]]:
     with running_in_process(ServedModel(config(tiny_model_dir, False), tiny_model_dir), model_name="m") as plain:
@@ -79,6 +98,7 @@ def torchserve_pair(tiny_model_dir: Path) -> Iterator[tuple[ContinuousFrontend, 
         handler = Inf2StreamingHandler()
         context = make_context(config(tiny_model_dir, speculate), str(tiny_model_dir))
         handler.initialize(context)
+        context.metrics = RecordingMetrics()
         handlers.append(handler)
         frontends.append(ContinuousFrontend(handler, context, batch_size=8))
     yield frontends[0], frontends[1]
@@ -117,3 +137,26 @@ def test_the_speculating_engine_took_several_tokens_in_a_step(torchserve_pair):
     reply = spec.serve([body("plain", False)], [{"url_path": "v1/completions"}])[0]
     assert json.loads(reply.body)["usage"]["completion_tokens"] == 32
     assert engine.steps - before < 32
+
+
+def test_torchserve_metrics_count_proposals_and_acceptances(torchserve_pair):
+    _, spec = torchserve_pair
+    spec.serve([body("plain", False)], [{"url_path": "v1/completions"}])
+    added = spec.context.metrics.added
+    proposed = sum(v for name, v in added if name == "llm_spec_proposed_tokens")
+    accepted = sum(v for name, v in added if name == "llm_spec_accepted_tokens")
+    per_row = [v for name, v in added if name == "llm_decode_tokens_per_row"]
+    assert 0 < accepted <= proposed
+    assert per_row and max(per_row) > 1 and min(per_row) >= 1
+
+
+def test_asgi_metrics_count_proposals_and_acceptances(asgi_pair):
+    plain, spec = asgi_pair
+    for served in (plain, spec):
+        assert served.post("/v1/completions", json=body("plain", False)).status_code == 200
+    exposed = {family.name: family for family in text_string_to_metric_families(spec.get("/metrics").text)}
+    sample = {s.name: s.value for family in exposed.values() for s in family.samples if not s.labels}
+    assert 0 < sample["llm_spec_accepted_tokens_total"] <= sample["llm_spec_proposed_tokens_total"]
+    assert sample["llm_decode_tokens_per_row_sum"] > sample["llm_decode_tokens_per_row_count"] > 0
+    plain_exposed = plain.get("/metrics").text
+    assert "llm_spec_proposed_tokens_total 0.0" in plain_exposed  # declared, never counted without speculation

@@ -152,7 +152,7 @@ def test_speculation_is_read_and_off_when_absent():
     speculation = ServingConfig.from_model_yaml(raw).scheduler.speculation
     assert (speculation.num_speculative_tokens, speculation.prompt_lookup_min, speculation.prompt_lookup_max) == (
         3,
-        1,
+        2,
         2,
     )
 
@@ -161,8 +161,8 @@ def test_speculation_is_read_and_off_when_absent():
     ("raw", "message"),
     [
         ({**static(), "scheduler": {"mode": "static", "speculation": NGRAM}}, "needs scheduler.mode continuous"),
-        ({**minimal(backend="neuronx"), "scheduler": {"speculation": NGRAM}}, "backend neuronx does not verify"),
-        ({**minimal(backend="sim"), "scheduler": {"speculation": NGRAM}}, "backend sim does not verify"),
+        ({**minimal(backend="neuronx"), "scheduler": {"speculation": NGRAM}}, "backend neuronx does not verify.*nxdi"),
+        ({**minimal(backend="nxdi"), "scheduler": {"speculation": NGRAM}}, "set handler.nxdi.speculation instead"),
         ({**minimal(), "scheduler": {"speculation": {**NGRAM, "num_speculative_tokens": 9}}}, "num_speculative_tokens"),
         (
             {**minimal(), "scheduler": {"speculation": {**NGRAM, "prompt_lookup_min": 3, "prompt_lookup_max": 2}}},

@@ -34,13 +34,18 @@ TORCHSERVE_NAMES = {  # what the handler reported through TorchServe before the 
     "llm_decode_step_seconds",
     "llm_step_sampling_seconds",
     "llm_step_detokenize_seconds",
+    "llm_decode_tokens_per_row",  # issue 45: speculation's tokens per step, proposals and acceptances
+    "llm_spec_proposed_tokens",
+    "llm_spec_accepted_tokens",
     "llm_frontend_round_trip_seconds",
     "llm_cancelled_requests",
     "llm_rejected_requests",  # issue 42: the fast 503s with Retry-After
     "llm_replicas_ready",
     "llm_replica_slots_occupied",
 }
-STEP = StepRecord(0.03, 0.01, 1, 3, 3, 2, 0.004, 0.001)
+STEP = StepRecord(
+    0.03, 0.01, 1, 3, 3, 2, 0.004, 0.001, decoded_tokens=7, proposing_rows=2, proposed_tokens=6, accepted_tokens=4
+)
 HEALTH = Health(3, 2, (4, None, 1), "replica 1 is starting", None)
 
 
@@ -69,7 +74,7 @@ def test_the_catalogue_holds_the_torchserve_metrics_and_the_asgi_frontends_own()
         "llm_requests_in_flight",
         "llm_engine_steps",
     }
-    assert len({spec.name for spec in ALL_METRICS}) == len(ALL_METRICS) == 20
+    assert len({spec.name for spec in ALL_METRICS}) == len(ALL_METRICS) == 23
 
 
 def test_names_say_their_kind_and_unit():
@@ -79,7 +84,9 @@ def test_names_say_their_kind_and_unit():
         if spec.kind is MetricKind.COUNTER:
             assert not spec.name.endswith("_total") and spec.unit == "count", spec
         if spec.kind is MetricKind.HISTOGRAM:
-            assert (spec.name.endswith("_seconds"), spec.unit) in ((True, "s"), (False, "ratio")), spec
+            assert (spec.name.endswith("_seconds"), spec.unit) in ((True, "s"), (False, "ratio"), (False, "tokens")), (
+                spec
+            )
 
 
 def test_the_catalogue_loads_no_transport():
@@ -144,6 +151,12 @@ def test_the_exposition_holds_what_was_recorded():
     ):
         assert value(exposed[name], name + "_sum") == pytest.approx(seconds), name
         assert value(exposed[name], name + "_count") == 1, name
+    per_row = exposed["llm_decode_tokens_per_row"]
+    assert value(per_row, "llm_decode_tokens_per_row_sum") == pytest.approx(7 / 3)
+    assert value(per_row, "llm_decode_tokens_per_row_bucket", le="2.0") == 0
+    assert value(per_row, "llm_decode_tokens_per_row_bucket", le="2.5") == 1
+    assert value(exposed["llm_spec_proposed_tokens"], "llm_spec_proposed_tokens_total") == 6
+    assert value(exposed["llm_spec_accepted_tokens"], "llm_spec_accepted_tokens_total") == 4
     assert value(exposed["llm_slots_occupied"], "llm_slots_occupied") == 3
     assert value(exposed["llm_requests_waiting"], "llm_requests_waiting") == 1
     assert value(exposed["llm_replicas_ready"], "llm_replicas_ready") == 2

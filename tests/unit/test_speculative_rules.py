@@ -1,17 +1,23 @@
-"""Issue 45's exactness rules before any backend uses them: the acceptance of proposed tokens keeps
-the distribution of one-token decoding (chi-square over 20,000 draws on a small vocabulary, fixed
-seed, against the target itself and against sampling a two-token chain one token at a time), greedy
-acceptance is the argmax prefix, and prompt lookup proposes what followed the last n-gram."""
+"""Issue 45's exactness rule, apart from any backend: `take_verified` keeps the distribution of
+one-token decoding (chi-square over 20,000 draws on a small vocabulary, fixed seed, against the target
+itself and against a two-token chain sampled one token at a time), accepts a proposal exactly as often
+as speculative sampling does (p(x)), takes the argmax prefix for a greedy row, and gives a seeded row
+the very tokens of one-at-a-time decoding; and prompt lookup proposes what followed the last n-gram."""
 
 from __future__ import annotations
+
+import bisect
+import itertools
+import random
 
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import binomtest, chisquare
 
 from handler.engine.ngram import NgramProposer
-from handler.sampling.speculative import accept_greedy, accept_sampled
+from handler.request import TokenChoice
+from handler.sampling.speculative import take_verified
 
 DRAWS = 20_000
 ALPHA = 1e-3  # a correct rule fails this 1 time in 1,000; a biased one (tests below) fails always
@@ -27,6 +33,28 @@ def expected(probs: torch.Tensor) -> np.ndarray:
     return DRAWS * p / p.sum()
 
 
+_CDFS: dict[int, list[float]] = {}
+
+
+def inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The token a uniform draw picks (what the sampler does, on a toy scale)."""
+    cdf = _CDFS.get(id(probs))
+    if cdf is None:
+        cdf = _CDFS[id(probs)] = list(itertools.accumulate(probs.double().tolist()))
+    return min(bisect.bisect_right(cdf, u), len(cdf) - 1)
+
+
+def chain_pick(draws: random.Random, dist_at, proposal):
+    """A one-row pick over a toy model: `dist_at(tokens)` is the next-token distribution after them;
+    position i's context is the proposal's first i tokens (what the forward ran on)."""
+
+    def pick(rows, position):
+        assert rows == [0]
+        return [TokenChoice(inverse_cdf(dist_at(list(proposal[:position])), draws.random()))]
+
+    return pick
+
+
 # -- greedy ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("proposal", "argmax", "taken"),
@@ -38,12 +66,26 @@ def expected(probs: torch.Tensor) -> np.ndarray:
     ],
 )
 def test_greedy_takes_the_argmax_prefix(proposal, argmax, taken):
-    assert accept_greedy(proposal, argmax) == taken
+    positions = []
+
+    def pick(rows, position):
+        positions.append(position)
+        return [TokenChoice(argmax[position]) for _ in rows]
+
+    assert [c.token_id for c in take_verified([proposal], pick)[0]] == taken
+    assert positions == list(range(len(taken)))  # never a pick past the first mismatch
 
 
-def test_greedy_needs_one_more_target_token_than_proposals():
-    with pytest.raises(ValueError, match="2 proposals need 3 target tokens"):
-        accept_greedy((1, 2), (1, 2))
+def test_rows_stop_on_their_own_and_each_position_is_one_call():
+    calls = []
+
+    def pick(rows, position):
+        calls.append((list(rows), position))
+        return [TokenChoice(10 * row + position) for row in rows]  # row r picks 10r, 10r + 1, ...
+
+    taken = take_verified([(), (10, 11, 99), (20, 21, 22)], pick)
+    assert [[c.token_id for c in row] for row in taken] == [[0], [10, 11, 12], [20, 21, 22, 23]]
+    assert calls == [([0, 1, 2], 0), ([1, 2], 1), ([1, 2], 2), ([2], 3)]
 
 
 # -- sampled: one position -----------------------------------------------------------------------
@@ -52,24 +94,27 @@ P = torch.tensor([0.05, 0.4, 0.25, 0.2, 0.1])
 
 @pytest.mark.parametrize("proposed", [0, 1, 3])
 def test_a_proposed_token_comes_out_with_exactly_the_targets_distribution(proposed: int):
-    generator = torch.Generator().manual_seed(1234 + proposed)
-    probs = torch.stack([P, torch.full((5,), 0.2)])  # the bonus position's distribution is irrelevant here
-    firsts = [accept_sampled((proposed,), probs, generator)[0] for _ in range(DRAWS)]
+    draws = random.Random(1234 + proposed)
+    firsts, accepted = [], 0
+    for _ in range(DRAWS):
+        taken = take_verified([(proposed,)], chain_pick(draws, lambda _: P, (proposed,)))[0]
+        firsts.append(taken[0].token_id)
+        accepted += len(taken) == 2
     assert chisquare(counts(firsts, 5), expected(P)).pvalue > ALPHA
+    # Accepted as often as speculative sampling accepts a one-token draft: p(x) (min(1, p(x) / q(x)), q = δ(x)).
+    assert binomtest(accepted, DRAWS, float(P[proposed])).pvalue > ALPHA
 
 
 def test_the_test_sees_a_biased_rule():
-    """The same check on a rule that always accepts: it must fail, or the test above proves nothing."""
-    generator = torch.Generator().manual_seed(7)
-    biased = [
-        1 if torch.rand((), generator=generator) < 0.7 else int(torch.multinomial(P, 1, generator=generator))
-        for _ in range(DRAWS)
-    ]
+    """The same check on a rule that accepts the proposal too often: it must fail, or the test above
+    proves nothing."""
+    draws = random.Random(7)
+    biased = [1 if draws.random() < 0.7 else inverse_cdf(P, draws.random()) for _ in range(DRAWS)]
     assert chisquare(counts(biased, 5), expected(P)).pvalue < ALPHA
 
 
 # -- sampled: a chain ----------------------------------------------------------------------------
-# A toy model over 4 tokens: the next token's distribution given the last one.
+# A toy model over 4 tokens: the next token's distribution given the last one (token 0 before any).
 TRANSITIONS = torch.tensor(
     [
         [0.1, 0.6, 0.2, 0.1],
@@ -80,25 +125,44 @@ TRANSITIONS = torch.tensor(
 )
 
 
+ROWS = list(TRANSITIONS)  # the same tensor objects each time (inverse_cdf caches by object)
+
+
+def after(tokens: list[int]) -> torch.Tensor:
+    return ROWS[tokens[-1] if tokens else 0]
+
+
 def test_two_tokens_by_speculation_have_the_joint_distribution_of_one_at_a_time():
     """From token 0, propose (1, 2): the two tokens that come out (the first position, then the
     second or the correction's follower) are distributed as the chain's own two steps."""
-    generator = torch.Generator().manual_seed(99)
+    draws = random.Random(99)
     pairs = []
     for _ in range(DRAWS):
-        probs = torch.stack([TRANSITIONS[0], TRANSITIONS[1], TRANSITIONS[2]])  # given 0; given 0,1; given 0,1,2
-        taken = accept_sampled((1, 2), probs, generator)
+        taken = [c.token_id for c in take_verified([(1, 2)], chain_pick(draws, after, (1, 2)))[0]]
         if len(taken) == 1:  # rejected at once: the second token is the next step, one at a time
-            taken.append(int(torch.multinomial(TRANSITIONS[taken[0]], 1, generator=generator)))
+            taken.append(inverse_cdf(after(taken), draws.random()))
         pairs.append(taken[0] * 4 + taken[1])
     joint = (TRANSITIONS[0][:, None] * TRANSITIONS).reshape(-1)
     assert chisquare(counts(pairs, 16), expected(joint)).pvalue > ALPHA
 
 
-def test_a_seeded_row_repeats_itself():
-    probs = torch.stack([P, P, P])
-    runs = [accept_sampled((1, 2), probs, torch.Generator().manual_seed(5)) for _ in range(3)]
-    assert runs[0] == runs[1] == runs[2]
+@pytest.mark.parametrize("seed", range(20))
+def test_a_seeded_row_gets_the_tokens_of_one_at_a_time_decoding(seed: int):
+    """The coupling's promise: the same draws give the same text with and without proposals, whatever
+    they propose (here: what followed the last token before, as prompt lookup would)."""
+    one_at_a_time, draws = [], random.Random(seed)
+    while len(one_at_a_time) < 40:
+        one_at_a_time.append(inverse_cdf(after(one_at_a_time), draws.random()))
+    speculated, draws = [], random.Random(seed)
+    while len(speculated) < 40:
+        proposal = tuple(NgramProposer(k=3).propose([0, *speculated]))
+        context = list(speculated)
+
+        def pick(rows, position, context=context, proposal=proposal):
+            return [TokenChoice(inverse_cdf(after(context + list(proposal[:position])), draws.random()))]
+
+        speculated += [c.token_id for c in take_verified([proposal], pick)[0]]
+    assert speculated[:40] == one_at_a_time
 
 
 # -- prompt lookup ---------------------------------------------------------------------------------

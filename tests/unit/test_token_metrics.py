@@ -148,7 +148,11 @@ def test_the_calls_are_valid_for_torchserves_metric_cache(caplog):
 
 def continuous_mode_metrics(metrics: TokenMetrics, ctx) -> None:
     metrics.request_finished(ctx, sequence(admitted=10.05))
-    steps = [StepRecord(0.03, 0.01, 1, 3, 3, 2, 0.004, 0.001), StepRecord(None, 0.012, 0, 3, 3, 1, 0.002, 0.0005)]
+    speculated = {"decoded_tokens": 5, "proposing_rows": 1, "proposed_tokens": 3, "accepted_tokens": 2}
+    steps = [
+        StepRecord(0.03, 0.01, 1, 3, 3, 2, 0.004, 0.001, **speculated),
+        StepRecord(None, 0.012, 0, 3, 3, 1, 0.002, 0.0005, decoded_tokens=3),
+    ]
     metrics.engine_steps(ctx, steps, 3, 1)
     metrics.round_trip(ctx, 0.0015)
     metrics.cancelled(ctx)

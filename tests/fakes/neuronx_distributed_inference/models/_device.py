@@ -55,10 +55,41 @@ projection of the Hugging Face model adds x @ lora_A @ lora_B (lora_A already sc
 Each program entry of the trace log then carries `lora`: per row [active row, the label of the
 adapter it ran with] (the label: the adapter index whose weights were copied into that slot of the
 stacks, kept by `lora_slot_labels`; dynamic swaps update it).
+
+Fused EAGLE speculation (a model.pt with `fused_speculation`; NxDI's NeuronFusedSpecModel,
+model_base.py:1641-3063). The weights arrive as `target_model.*` (the Hugging Face model above) and
+`draft_model.*` (kept aside: the draft must hold `lm_head.weight`, the SDK guide's "EAGLE Checkpoint
+Compatibility" requirement, else RuntimeError at initialize, an invention of the fake where the real
+one's failure is not documented; `draft_fingerprint` is a digest of them, so a test sees which draft
+the device holds).
+- context encoding (`_eagle_context_encoding_forward` + `_cte_postprocessor`, 2075-2134, 2798-2839): as
+  above for the target, and the program returns [the token padded with -1 to (rows, speculation_length),
+  that token (rows, 1), the next attention mask (rows, max_length), the next position (rows, 1) = the
+  attention mask's sum]. (The draft's cache and the hidden-state buffer are not modelled.)
+- token generation (`_eagle_token_gen_forward` + `_tkg_postprocessor`, 2559-2796, 2841-2897), row i =
+  KV line i: the positions are first clamped to [0, bucket - speculation_length] (2959-2962); the
+  draft proposes speculation_length - 1 tokens one after another (2594); the target runs over the row's
+  attended cache, its input token and the drafts, at positions p .. p + speculation_length - 1, and
+  picks a token at each (the sampler above, per row); the row accepts the drafts up to the first that
+  differs from the target's pick before it, plus the target's pick after them: n = 1 .. speculation_length
+  (2857-2861). The target's K/V are written for all speculation_length candidate positions; the next
+  call's attention mask hides those beyond the accepted ones. Output: [accepted (rows,
+  speculation_length) int32, the target's picks up to n then -1 (2863-2873); the last accepted token
+  (rows, 1) (2888-2895); the next attention mask (rows, bucket) (2877-2885); the next position p + n
+  (rows, 1) (2875)].
+  With do_sample the real target accepts with speculative sampling against the greedy draft
+  (2685-2766); for a one-hot draft that is the same distribution as "draw the target's token, accept
+  the draft if they are equal", which is what the fake does (with the device's generator).
+- The fake's draft (an invention; NxDI's draft is a trained network): at each step it proposes the
+  target's greedy token for the position it drafts, except at positions q with q % miss_period == 0,
+  where it proposes that token + 1 (mod the vocabulary). miss_period is the draft config.json's
+  `fake_eagle_miss_period` compiled in (default 3; 0: it never misses). So a row's accepted count
+  depends on its position, and rows of one call accept different counts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -71,6 +102,9 @@ from neuronx_distributed_inference.modules.generation.sampling import sample
 
 MAGIC = b"FAKE-NXDI-TRACED-MODEL\n"
 KV_CACHE_PAD_FOR_SEQ_IDS_MASKING = 128
+DEFAULT_MISS_PERIOD = 3  # the fake EAGLE draft's (module docstring)
+FUSED_SPECULATION_MODEL_TAG = "fused_speculation_model"
+ACCEPTANCE_PADDING = -1  # model_base.py:1692
 _VERSION = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 FLOAT32 = {"dtype" if _VERSION >= (4, 56) else "torch_dtype": torch.float32}
 
@@ -104,6 +138,8 @@ class TracedModel:
         self.generator = torch.Generator().manual_seed(0)
         self.trace_log: list[dict[str, Any]] = []  # the programs run since the last clear (for the call log)
         self.lora = spec.get("lora")  # None: compiled without LoRA
+        self.fused = spec.get("fused_speculation")  # None: compiled without fused speculation
+        self.draft_fingerprint: str | None = None  # the draft weights initialize() got (fused speculation)
         self.lora_stacks: dict[str, list[torch.Tensor]] = {}  # module -> [lora_A (max_loras, in, r), lora_B]
         self.lora_slot_labels: list[int | None] = []  # what each slot of the stacks holds (adapter index)
         self.lora_active: list[tuple[int | None, dict[str, tuple[torch.Tensor, torch.Tensor]]]] = []
@@ -139,6 +175,8 @@ class TracedModel:
         hf = dict(self.spec["hf_config"])
         config = AutoConfig.for_model(hf.pop("model_type"), **hf)
         model = AutoModelForCausalLM.from_config(config, **FLOAT32)
+        if self.fused is not None:
+            state_dict = self._initialize_draft(state_dict)
         lora_weights = {k: v for k, v in state_dict.items() if ".lora_A." in k or ".lora_B." in k}
         state_dict = {k: v for k, v in state_dict.items() if k not in lora_weights}
         weights = {("model." + k if not k.startswith("lm_head.") else k): v for k, v in state_dict.items()}
@@ -158,6 +196,22 @@ class TracedModel:
         self.kv_tokens = torch.full((lines, length), -1, dtype=torch.long)
         self.kv_positions = torch.full((lines, length), -1, dtype=torch.long)
         self.generator = torch.Generator().manual_seed(0)
+
+    def _initialize_draft(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The draft's weights set aside (their digest kept), the target's returned without their prefix."""
+        draft = {k[len("draft_model.") :]: v for k, v in state_dict.items() if k.startswith("draft_model.")}
+        target = {k[len("target_model.") :]: v for k, v in state_dict.items() if k.startswith("target_model.")}
+        if "lm_head.weight" not in draft:
+            raise RuntimeError(
+                "fake NxD: the EAGLE draft's weights have no lm_head.weight (NxDI needs the target's LM head copied "
+                "into the draft)"
+            )
+        digest = hashlib.sha256()
+        for name in sorted(draft):
+            digest.update(name.encode())
+            digest.update(draft[name].float().contiguous().numpy().tobytes())
+        self.draft_fingerprint = digest.hexdigest()[:16]
+        return target
 
     def _initialize_lora(self, weights: dict[str, torch.Tensor]) -> None:
         """The LoRA stacks from the state dict, a hook on each targeted projection of the HF model."""
@@ -228,8 +282,14 @@ class TracedModel:
         }
         if self.lora is not None:
             entry["lora"] = []
-        if input_ids.shape[-1] > 1:
+        if tag == FUSED_SPECULATION_MODEL_TAG:
+            out, entry["writes"] = self._fused_token_generation(
+                input_ids, attention_mask, position_ids, sampling_params, entry
+            )
+        elif input_ids.shape[-1] > 1:
             out, entry["writes"] = self._context(input_ids, position_ids, seq_ids, sampling_params, adapter_ids, entry)
+            if self.fused is not None:
+                out = self._fused_context_outputs(out, attention_mask)
         else:
             out, entry["writes"] = self._token_generation(
                 input_ids, attention_mask, position_ids, seq_ids, sampling_params, entry
@@ -307,6 +367,66 @@ class TracedModel:
             self.kv_positions[line, index] = int(position_ids[line, 0])
             writes.append([line, index, 1])
         return self._head(torch.stack(logits), sampling_params), writes
+
+    def _fused_context_outputs(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """`_cte_postprocessor` (model_base.py:2798-2839) over the context program's tokens."""
+        assert self.fused is not None
+        rows, length = tokens.shape[0], self.fused["speculation_length"]
+        padded = torch.full((rows, length), ACCEPTANCE_PADDING, dtype=torch.int32)
+        padded[:, 0] = tokens.reshape(-1).to(torch.int32)
+        next_positions = attention_mask.sum(dim=1).to(torch.int32).reshape(rows, 1)
+        return [padded, padded[:, :1].clone(), self._next_mask(next_positions, self.spec["max_length"]), next_positions]
+
+    @staticmethod
+    def _next_mask(next_positions: torch.Tensor, width: int) -> torch.Tensor:
+        """The attention mask of the positions before each row's next one (model_base.py:2877-2885)."""
+        return (torch.arange(width).view(1, -1) <= next_positions - 1).to(torch.int32)
+
+    def _fused_token_generation(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        sampling_params: torch.Tensor,
+        entry: dict[str, Any],
+    ) -> Any:
+        """One fused EAGLE step (module docstring), row i on KV line i."""
+        assert self.kv_tokens is not None and self.kv_positions is not None and self.fused is not None
+        length, period = self.fused["speculation_length"], self.fused["miss_period"]
+        bucket = attention_mask.shape[1]
+        positions = torch.clamp(position_ids.reshape(-1).long(), min=0, max=bucket - length)  # model_base.py:2962
+        rows = input_ids.shape[0]
+        accepted = torch.full((rows, length), ACCEPTANCE_PADDING, dtype=torch.int32)
+        next_positions = torch.zeros((rows, 1), dtype=torch.int32)
+        entry["accepted"], writes = [], []
+        for line in range(rows):
+            attended = (attention_mask[line].long() == 1) & (self.kv_tokens[line, :bucket] >= 0)
+            history = self.kv_tokens[line, :bucket][attended].tolist()
+            history_positions = self.kv_positions[line, :bucket][attended].tolist()
+            start = int(positions[line])
+            candidates, logits = [int(input_ids[line, 0])], []
+            for j in range(length):  # the target's logits after each candidate; the draft's next from them
+                span = list(range(start, start + j + 1))
+                logits.append(self._logits(history + candidates, history_positions + span))
+                if j < length - 1:
+                    greedy = int(torch.argmax(logits[-1]))
+                    missed = period > 0 and (start + j + 1) % period == 0
+                    candidates.append((greedy + 1) % logits[-1].shape[-1] if missed else greedy)
+            picks = self._head(torch.stack(logits), sampling_params[line : line + 1].repeat(length, 1))
+            picks = [int(token) for token in picks.reshape(-1).tolist()]
+            count = 1
+            while count < length and candidates[count] == picks[count - 1]:
+                count += 1
+            accepted[line, :count] = torch.tensor(picks[:count], dtype=torch.int32)
+            next_positions[line, 0] = start + count
+            if start + length > self.kv_tokens.shape[1]:
+                raise IndexError(f"fake NxD: positions {start}..{start + length - 1} are outside the KV cache")
+            self.kv_tokens[line, start : start + length] = torch.tensor(candidates)
+            self.kv_positions[line, start : start + length] = torch.arange(start, start + length)
+            writes.append([line, start, length])
+            entry["accepted"].append(count)
+        next_input_ids = accepted.gather(1, (next_positions.long() - positions.view(-1, 1).long()) - 1)
+        return [accepted, next_input_ids, self._next_mask(next_positions, bucket), next_positions], writes
 
     def _logits(
         self, tokens: list[int], positions: list[int], lora: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None

@@ -27,9 +27,18 @@ where the weights come from. Re-implemented on the fake device (models/_device.p
   token-generation example). A NEURON_RT_VISIBLE_CORES range with fewer cores than the
   world size (tp_degree) fails load (fake runtime error).
 
+With fused speculation the weights are the draft's, read from `fused_spec_config.draft_model_path` as
+get_state_dict reads a checkpoint (a folder: its weight files; a file: torch.load; else the HF model by
+name) and prefixed `draft_model.`, then the target's, prefixed `target_model.` (application_base.py:
+658-671, 733-736): so with save_sharded_checkpoint the draft's weights are in the saved shards, and
+without, load() reads the draft folder again. model.pt records `fused_speculation`:
+speculation_length, is_eagle3, and the fake draft's rule (`miss_period`, models/_device.py), taken
+from the draft config compiled in.
+
 The call log gets `compile` (folder, work dir, buckets, batch sizes, dtype, tp_degree,
 sharded files), `shard_checkpoint` (where the weights were read from and why), `load`
-(folder, visible cores, weights "presharded" or "resharded", warmup) and `warmup`.
+(folder, visible cores, weights "presharded" or "resharded", warmup; with fused speculation `draft`,
+the fingerprint of the draft weights the device holds) and `warmup`.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from neuronx_distributed.trace.model_builder import ModelBuilder, unshard_checkp
 from safetensors.torch import load_file
 
 from neuronx_distributed_inference import _calllog
-from neuronx_distributed_inference.models._device import TracedModel
+from neuronx_distributed_inference.models._device import DEFAULT_MISS_PERIOD, TracedModel
 from neuronx_distributed_inference.models.config import InferenceConfig, NeuronConfig, to_dict
 from neuronx_distributed_inference.models.model_wrapper import CONTEXT_ENCODING_MODEL_TAG, ModelWrapper
 from neuronx_distributed_inference.modules.lora_serving import LoraModelManager
@@ -253,8 +262,17 @@ class NeuronApplicationBase(torch.nn.Module):
                 # LoraModelManager numbers them (lora_model.py:440-446): 0, 1, ...
                 "device_adapters": list(range(len(lora_config.lora_ckpt_paths))),
             }
+        fused = None
+        if self.neuron_config.enable_fused_speculation:
+            draft_config = self.fused_spec_config.draft_config
+            fused = {
+                "speculation_length": self.neuron_config.speculation_length,
+                "is_eagle3": self.neuron_config.is_eagle3,
+                "miss_period": int(getattr(draft_config, "fake_eagle_miss_period", DEFAULT_MISS_PERIOD)),
+            }
         return {
             "lora": lora,
+            "fused_speculation": fused,
             "format": "fake neuronx_distributed_inference model.pt",
             "model_class": type(self).__name__,
             "programs": {
@@ -330,6 +348,7 @@ class NeuronApplicationBase(torch.nn.Module):
             path=compiled_model_path,
             weights=weights,
             warmup=warm,
+            draft=self.traced_model.draft_fingerprint,
             visible_cores=os.environ.get("NEURON_RT_VISIBLE_CORES"),
             num_cores=os.environ.get("NEURON_RT_NUM_CORES"),
             tp_degree=self.neuron_config.tp_degree,
@@ -403,13 +422,29 @@ class NeuronApplicationBase(torch.nn.Module):
         if self.neuron_config.quantized:
             raise NotImplementedError("fake NxD Inference: quantized checkpoints are not modelled")
         _calllog.record("shard_checkpoint", source=str(model_path), reason=getattr(self, "_shard_reason", None))
-        state = load_state_dict(model_path)
+        if self.neuron_config.enable_fused_speculation:  # application_base.py:658-671
+            fused = self.fused_spec_config
+            assert fused is not None
+            state = self._fake_state_dict(fused.draft_model_path, fused.draft_config, "draft_model")
+            state.update(self._fake_state_dict(model_path, self.config, "target_model"))
+            return state
+        return self._fake_state_dict(model_path, self.config, "")
+
+    def _fake_state_dict(self, path: str, config: InferenceConfig, prefix: str) -> dict[str, torch.Tensor]:
+        """get_state_dict (application_base.py:690-737): 'model.' prefixes stripped, `prefix.` added."""
+        if os.path.isdir(path):
+            state = load_state_dict(path)
+        elif os.path.isfile(path):
+            state = torch.load(path, weights_only=True)
+        else:
+            state = self.load_hf_model(path).state_dict()  # type: ignore[attr-defined]  # OSError for a bad name
         renamed = {}
         for name, tensor in state.items():
             if name.startswith(self._STATE_DICT_MODEL_PREFIX):
                 name = self._NEW_STATE_DICT_MODEL_PREFIX + name[len(self._STATE_DICT_MODEL_PREFIX) :]
             renamed[name] = tensor
-        return self.convert_hf_to_neuron_state_dict(renamed, self.config)
+        converted = self.convert_hf_to_neuron_state_dict(renamed, config)
+        return {f"{prefix}.{name}" if prefix else name: tensor for name, tensor in converted.items()}
 
     @staticmethod
     def convert_hf_to_neuron_state_dict(state_dict: dict[str, torch.Tensor], config: InferenceConfig) -> dict:

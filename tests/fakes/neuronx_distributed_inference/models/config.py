@@ -1,6 +1,6 @@
 """Mirrors src/neuronx_distributed_inference/models/config.py of NxD Inference at the SDK 2.28
 release commit cd3abf3 (NxDI 0.8.16251): NeuronConfig, OnDeviceSamplingConfig,
-ChunkedPrefillConfig, InferenceConfig, to_dict / to_torch_dtype, CONFIG_FILE.
+ChunkedPrefillConfig, InferenceConfig, FusedSpecNeuronConfig, to_dict / to_torch_dtype, CONFIG_FILE.
 
 Same keyword names and defaults as the real classes, re-implemented (no code copied):
 - NeuronConfig(**kwargs) pops every keyword it knows; one it does not know is only
@@ -41,10 +41,22 @@ Same keyword names and defaults as the real classes, re-implemented (no code cop
   reads it back (FileNotFoundError when missing) and rebuilds the NeuronConfig from its
   dict, which logs the derived attributes it does not take as keywords as "unexpected"
   (as the real one does on every reload).
+- Speculation (243-256): speculation_length 0, spec_batch_size batch_size, enable_fused_speculation,
+  enable_eagle_speculation (True turns enable_fused_speculation on, 255-256), is_eagle3, is_eagle_draft,
+  enable_eagle_draft_input_norm; batch bucketing beside any speculation raises ValueError (610-654).
+  `trace_tokengen_model` is no keyword (a keyword of that name is logged as unexpected): reading the
+  attribute warns DeprecationWarning and derives it (730-740, the real expression kept: it is True
+  unless Medusa is on as well).
+- FusedSpecNeuronConfig(worker_cls, draft_config=None, draft_model_path=None, draft_model_cls=None)
+  (1004-1020) only holds them; to_dict writes worker_cls as {"__module__", "__name__"}. Reading
+  neuron_config.json back (from_json_string, 951-995) rebuilds it: the draft's NeuronConfig and config
+  (with the config class itself when no draft_model_cls is recorded), and worker_cls imported from
+  its module (ModuleNotFoundError "Failed to load class ..." when that fails).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import logging
@@ -565,6 +577,21 @@ class NeuronConfig:
             return kwargs_lnc
         return platform_lnc
 
+    def __getattribute__(self, name: str) -> Any:
+        if name == "trace_tokengen_model":  # config.py:730-740: derived, deprecated
+            warnings.warn(
+                "'trace_tokengen_model' is deprecated and will be removed in a future release. "
+                "Returning the expected value based on current configuration",
+                category=DeprecationWarning,
+                stacklevel=2,
+            )
+            return (
+                not self.enable_fused_speculation
+                or not self.speculation_length > 0
+                or not self.medusa_speculation_length > 0
+            )
+        return super().__getattribute__(name)
+
     def is_mlp_quantized(self) -> Any:
         return self.quantized_mlp_kernel_enabled or self.activation_quantization_type
 
@@ -653,10 +680,60 @@ class InferenceConfig:
         merged.update(kwargs)
         if isinstance(merged.get("neuron_config"), dict):
             merged["neuron_config"] = cls.get_neuron_config_cls()(**merged["neuron_config"])
-        if merged.get("fused_spec_config") is not None:
-            raise NotImplementedError("fake NxD Inference: fused speculation is not modelled")
+        if isinstance(merged.get("fused_spec_config"), dict):  # config.py:951-995
+            merged["fused_spec_config"] = cls._fused_spec_from_dict(merged["fused_spec_config"])
         return cls(**merged)
+
+    @staticmethod
+    def get_draft_neuron_class(fused_spec_config_dict: dict[str, Any]) -> Any:
+        """config.py:915-922."""
+        recorded = fused_spec_config_dict.get("draft_model_cls")
+        if recorded:
+            return getattr(importlib.import_module(recorded["__module__"]), recorded["__name__"])
+        return None
+
+    @classmethod
+    def _fused_spec_from_dict(cls, data: dict[str, Any]) -> FusedSpecNeuronConfig:
+        draft_class = cls.get_draft_neuron_class(data)
+        draft = data.get("draft_config")
+        if isinstance(draft, dict):
+            if isinstance(draft.get("neuron_config"), dict):
+                neuron_config_cls = (
+                    draft_class.get_config_cls().get_neuron_config_cls()
+                    if draft_class is not None
+                    else cls.get_neuron_config_cls()
+                )
+                draft["neuron_config"] = neuron_config_cls(**draft["neuron_config"])
+            data["draft_config"] = (draft_class.get_config_cls() if draft_class is not None else cls)(**draft)
+        fused = FusedSpecNeuronConfig(**data)
+        fused.draft_model_cls = draft_class
+        name, module = fused.worker_cls["__name__"], fused.worker_cls["__module__"]
+        try:
+            fused.worker_cls = getattr(importlib.import_module(module), name)
+        except Exception as error:
+            raise ModuleNotFoundError(
+                f"Failed to load class {name} from module {module}. Make sure the module exists in NxDI and model "
+                "class is supported. If the compiled model is from NxDI v0.2 or earlier, try recompiling the model."
+            ) from error
+        return fused
 
     @classmethod
     def get_neuron_config_cls(cls) -> type[NeuronConfig]:
         return NeuronConfig
+
+
+class FusedSpecNeuronConfig:
+    """config.py:1004-1020: what the fused speculation model is built from (the target's model class, the
+    draft's InferenceConfig and checkpoint)."""
+
+    def __init__(
+        self,
+        worker_cls: Any,
+        draft_config: InferenceConfig | None = None,
+        draft_model_path: str | None = None,
+        draft_model_cls: Any = None,
+    ) -> None:
+        self.worker_cls = worker_cls
+        self.draft_model_cls = draft_model_cls
+        self.draft_config = draft_config
+        self.draft_model_path = draft_model_path

@@ -36,12 +36,28 @@ context encoding first swaps the rows' adapters into device memory and turns the
 device positions (3388-3396). The call log's forward lines then carry `adapter_ids` (as given, None
 when omitted) and, after a swap, `adapter_positions`.
 
+Fused EAGLE speculation (enable_fused_speculation with enable_eagle_speculation and a
+`fused_spec_config`): construction builds the context-encoding model and a fused speculation model
+(tag fused_speculation_model, batch tkg_batch_size, the token-generation buckets) instead of token
+generation (model_base.py:3099-3102, 3120-3147), both with `_model_cls` NeuronFusedSpecModel; without a
+fused_spec_config that raises AttributeError ('NoneType' object has no attribute 'draft_config',
+3123-3127, 3152-3156). The weights NxD shards are the draft's (from fused_spec_config.draft_model_path,
+keys prefixed `draft_model.`) and the target's (`target_model.`) (application_base.py:658-671,
+733-736). A call is a prefill iff position_ids.min() == 0 as before; otherwise it goes to the fused
+model (3718-3728). The output (3872-3874): `.fused_outputs` (also `.hidden_states`) is the list
+[accepted tokens (rows, speculation_length) int32 padded with -1, next input ids (rows, 1), next
+attention mask, next position ids (rows, 1)]; `.logits` None; no `.tokens`. A prefill answers the
+same layout, its token in column 0 (`_cte_postprocessor` 2798-2839). What the device does per call:
+models/_device.py. The forward lines of the call log carry `accepted` (per row, the tokens taken)
+for a fused decode.
+
 Fake limitations (NotImplementedError at construction): anything but continuous batching
 with right padding, ctx/tkg/max/kv-cache batch sizes other than batch_size (ctx_batch_size
-apart), async mode, speculation, Medusa, prefix caching / block KV, chunked prefill,
-attention DP / CP, flash decoding, windowed context encoding, batch bucketing, tensor
-capture/replacement, output_logits without on-device sampling; a call with more decode rows
-than tkg_batch_size.
+apart), async mode, speculation other than fused EAGLE (draft-model speculation, fused speculation
+without EAGLE, Medusa, token trees), fused speculation with LoRA, output_logits or
+apply_seq_ids_mask, prefix caching / block KV, chunked prefill, attention DP / CP, flash decoding,
+windowed context encoding, batch bucketing, tensor capture/replacement, output_logits without
+on-device sampling; a call with more decode rows than tkg_batch_size.
 
 The fake logs each call as `forward` with kind (context / decode), rows, length, seq_ids
 (as the caller gave them, None when omitted), positions ([min, max] per row),
@@ -66,6 +82,7 @@ from neuronx_distributed_inference import _calllog, _hold
 from neuronx_distributed_inference.models.application_base import NeuronApplicationBase
 from neuronx_distributed_inference.models.model_wrapper import (
     CONTEXT_ENCODING_MODEL_TAG,
+    FUSED_SPECULATION_MODEL_TAG,
     TOKEN_GENERATION_MODEL_TAG,
     ModelWrapper,
 )
@@ -87,6 +104,16 @@ class NeuronBaseModel(torch.nn.Module):
     (models/_device.py) plays its part; the class exists for `_model_cls` references."""
 
     def __init__(self, config: Any, optimize_inference: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.neuron_config = config.neuron_config
+
+
+class NeuronFusedSpecModel(torch.nn.Module):
+    """model_base.py:1641-3063: the draft and the target traced into one program. The fake's device plays
+    its part; the class exists for `_model_cls` references and what to_dict writes."""
+
+    def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
         self.neuron_config = config.neuron_config
@@ -117,8 +144,13 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         if lora_config is not None:  # model_base.py:127-129: NeuronBaseModel wraps itself with LoRA
             self._lora_modules = fake_lora_modules(self.config, lora_config)
             self.lora_weight_manager = LoraWeightManager(lora_config, self)
-        self.enable_context_encoding()
-        self.enable_token_generation()
+        if self.neuron_config.enable_fused_speculation:  # model_base.py:3099-3102
+            self._model_cls = NeuronFusedSpecModel
+            self.enable_context_encoding()
+            self.enable_fused_spec()
+        else:
+            self.enable_context_encoding()
+            self.enable_token_generation()
         self._fake_decode_steps: dict[int, int] = {}
 
     def _fake_check_supported(self) -> None:
@@ -137,7 +169,12 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             "max_batch_size != batch_size": nc.max_batch_size != nc.batch_size,
             "kv_cache_batch_size != batch_size": nc.kv_cache_batch_size != nc.batch_size,
             "async_mode": nc.async_mode,
-            "speculation": nc.speculation_length > 0 or nc.enable_fused_speculation or nc.medusa_speculation_length > 0,
+            "speculation other than fused EAGLE": (nc.speculation_length > 0 or nc.enable_fused_speculation)
+            and not (nc.enable_fused_speculation and nc.enable_eagle_speculation),
+            "medusa_speculation_length": nc.medusa_speculation_length > 0,
+            "token_tree_config": nc.enable_token_tree,
+            "fused speculation with lora_config, output_logits or apply_seq_ids_mask": nc.enable_fused_speculation
+            and (nc.lora_config is not None or nc.output_logits or nc.apply_seq_ids_mask),
             "is_medusa": nc.is_medusa,
             "prefix caching / block KV": nc.is_prefix_caching or nc.is_block_kv_layout,
             "attention_dp_degree / cp_degree > 1": nc.attention_dp_degree > 1 or nc.cp_degree > 1,
@@ -168,6 +205,9 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
     def enable_context_encoding(self, **model_init_kwargs: Any) -> None:
         new_config = copy.deepcopy(self.config)
         new_config.neuron_config.batch_size = self.neuron_config.ctx_batch_size
+        if self.neuron_config.enable_fused_speculation:  # model_base.py:3152-3156
+            new_config.fused_spec_config.draft_config.neuron_config.batch_size = self.neuron_config.ctx_batch_size
+            new_config.fused_spec_config.draft_config.neuron_config.is_prefill_stage = True
         new_config.neuron_config.n_active_tokens = self.neuron_config.max_context_length
         new_config.neuron_config.bucket_n_active_tokens = True
         new_config.neuron_config.is_prefill_stage = True
@@ -199,7 +239,31 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         )
         self.models.append(self.token_generation_model)
 
+    def enable_fused_spec(self) -> None:
+        """model_base.py:3120-3147."""
+        new_config = copy.deepcopy(self.config)
+        new_config.neuron_config.batch_size = self.neuron_config.tkg_batch_size
+        draft = new_config.fused_spec_config.draft_config.neuron_config
+        draft.batch_size = self.neuron_config.tkg_batch_size
+        draft.n_active_tokens = 1
+        new_config.neuron_config.n_active_tokens = 1
+        new_config.neuron_config.bucket_n_active_tokens = False
+        new_config.neuron_config.is_prefill_stage = False
+        new_config.neuron_config.buckets = autobucketing.generate_buckets_for_fused_spec(new_config)
+        new_config.neuron_config.sequence_parallel_enabled = False
+        draft.sequence_parallel_enabled = False
+        self.fused_spec_model = self.model_wrapper(
+            config=new_config,
+            model_cls=self._model_cls,
+            tag=FUSED_SPECULATION_MODEL_TAG,
+            compiler_args=self.get_compiler_args(),
+            priority_model_idx=None if new_config.neuron_config.is_full_model_shuffled else 0,
+        )
+        self.models.append(self.fused_spec_model)
+
     def get_generation_model(self) -> ModelWrapper:
+        if self.neuron_config.enable_fused_speculation:
+            return self.fused_spec_model
         return self.token_generation_model
 
     # -- forward ------------------------------------------------------------------------
@@ -277,6 +341,9 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         outputs, _ = self._get_model_outputs(
             input_ids, attention_mask, position_ids, seq_ids, sampling_params, prev_hidden, adapter_ids
         )
+        accepted = None
+        if self.neuron_config.enable_fused_speculation and not prefill:
+            accepted = [[int(t) for t in row if t >= 0] for row in outputs[0].tolist()]
         self._fake_log_forward(
             prefill,
             input_ids,
@@ -286,8 +353,10 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             sampling_params,
             caller_adapter_ids,
             adapter_positions,
+            accepted,
         )
-        if self.on_device_sampling and self.neuron_config.output_logits:
+        fused = self.neuron_config.enable_fused_speculation
+        if self.on_device_sampling and self.neuron_config.output_logits and not fused:
             return self._construct_output_with_tokens_and_logits(next_tokens=outputs[0], logits=outputs[1])
         return self._construct_output(outputs)
 
@@ -327,6 +396,11 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             )
             self.kv_cache_populated = True
             return outputs, self.context_encoding_model.is_neuron()
+        if self.neuron_config.enable_fused_speculation:  # model_base.py:3718-3728
+            outputs = self.fused_spec_model(
+                input_ids, attention_mask, position_ids, seq_ids, sampling_params, prev_hidden, adapter_ids
+            )
+            return outputs, self.fused_spec_model.is_neuron()
         if input_ids.shape[0] > self.neuron_config.tkg_batch_size:
             raise NotImplementedError(
                 f"fake NxD Inference: a decode of {input_ids.shape[0]} rows, more than tkg_batch_size "
@@ -344,13 +418,17 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         output.tokens = next_tokens
         return output
 
-    def _construct_output(self, logits_or_next_tokens: torch.Tensor) -> CausalLMOutputWithPast:
+    def _construct_output(self, logits_or_next_tokens: Any) -> CausalLMOutputWithPast:
         output = CausalLMOutputWithPast(
             logits=None if self.on_device_sampling else logits_or_next_tokens,
             hidden_states=logits_or_next_tokens,
             attentions=None,
         )
-        output.tokens = logits_or_next_tokens
+        if self.neuron_config.enable_fused_speculation:  # model_base.py:3872-3874
+            output.fused_outputs = logits_or_next_tokens
+            output.async_should_stop = False
+        else:
+            output.tokens = logits_or_next_tokens
         return output
 
     def reset(self) -> None:
@@ -370,6 +448,7 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
         sampling_params: torch.Tensor,
         caller_adapter_ids: list[int] | None = None,
         adapter_positions: list[int] | None = None,
+        accepted: list[list[int]] | None = None,
     ) -> None:
         traced = self.traced_model
         programs = list(traced.trace_log) if traced is not None else []
@@ -384,6 +463,8 @@ class NeuronBaseForCausalLM(NeuronApplicationBase):
             "vocab_padded": self.vocab_size + (-self.vocab_size) % self.neuron_config.tp_degree,
             "programs": programs,
         }
+        if accepted is not None:
+            fields["accepted"] = accepted
         if self.neuron_config.lora_config is not None:
             fields["adapter_ids"] = caller_adapter_ids
             if adapter_positions is not None:

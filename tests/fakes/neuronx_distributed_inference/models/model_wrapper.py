@@ -1,7 +1,7 @@
 """Mirrors ModelWrapper of src/neuronx_distributed_inference/models/model_wrapper.py (NxDI
 0.8.16251, SDK 2.28 commit cd3abf3): what happens on the host between
 NeuronBaseForCausalLM.forward and the compiled program, for the paths a continuous-batching
-server takes (no async, no prefix caching, no speculation, no batch bucketing).
+server takes (no async, no prefix caching, no batch bucketing; of speculation, fused EAGLE only).
 
 Per call, in the real order (`forward`):
 1. `_process_args`: a dummy `prev_hidden` and `adapter_ids` (zeros, one per row) are added,
@@ -22,6 +22,15 @@ Per call, in the real order (`forward`):
    and reordered the same way; with apply_seq_ids_mask the appended seq_ids become -1. The
    output rows are then picked with index_select(out, 0, seq_ids): the caller's order.
 
+Fused speculation (tag FUSED_SPECULATION_MODEL_TAG): the bucket needs room for the speculation_length
+positions a call writes: the first bucket strictly above the mask's width + speculation_length, or the
+largest when equal (get_target_bucket 826-841, _get_seq_bucket 898-916); the outputs are a list (the
+accepted tokens, the next input ids, the next attention mask, the next positions), each row-selected
+back into the caller's order (691-694) and each concatenated over slices (1432-1435). Tracing a fused
+model checks what its forwards assert: on-device sampling on the target (`assert
+self.neuron_config.on_device_sampling_config`, model_base.py:1869, 2081, 2576) and a draft config with
+one (NeuronFusedSpecModel.__init__ sets its do_sample, 1676-1678: AttributeError on None).
+
 Tracing a LoRA model's token generation (lora_config set) fails when LoraServingConfig.batch_size is
 neither 1 nor the batch (the einsum of lora_layer.py:68-71, RuntimeError as torch raises it).
 
@@ -39,6 +48,7 @@ import torch.nn.functional as F
 
 CONTEXT_ENCODING_MODEL_TAG = "context_encoding_model"
 TOKEN_GENERATION_MODEL_TAG = "token_generation_model"
+FUSED_SPECULATION_MODEL_TAG = "fused_speculation_model"
 
 
 class _TraceableInstance:
@@ -57,6 +67,11 @@ class _TraceableInstance:
     def _trace(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                seq_ids: torch.Tensor, *rest: torch.Tensor) -> None:  # fmt: skip
         neuron_config = self.wrapper.neuron_config
+        if neuron_config.enable_fused_speculation:
+            assert neuron_config.on_device_sampling_config
+            draft = self.wrapper.config.fused_spec_config.draft_config.neuron_config
+            if draft.on_device_sampling_config is None:
+                raise AttributeError("'NoneType' object has no attribute 'do_sample'")
         if self.wrapper.tag == CONTEXT_ENCODING_MODEL_TAG and neuron_config.is_continuous_batching:
             # modules/kvcache/kv_cache_manager.py update_cache: the context-encoding cache write of continuous
             # batching takes one seq_id; the example has ctx_batch_size of them
@@ -195,16 +210,20 @@ class ModelWrapper(torch.nn.Module):
         for arg in extra_args:
             padded_args.append(self._pad_helper(arg, batch_sort_indices=indices))
         outputs = self._forward(*padded_args)
-        if self._returns_pair():
+        if self._returns_list():
             return [torch.index_select(output, 0, seq_ids) for output in outputs]
         return torch.index_select(outputs, 0, seq_ids)
 
-    def _returns_pair(self) -> bool:
+    def _returns_list(self) -> bool:
+        """model_wrapper.py:691-694, 1432-1435: fused speculation, or logits beside on-device tokens."""
         neuron_config = self.neuron_config
         return bool(
-            neuron_config.on_device_sampling_config
-            and neuron_config.output_logits
-            and neuron_config.is_continuous_batching
+            neuron_config.enable_fused_speculation
+            or (
+                neuron_config.on_device_sampling_config
+                and neuron_config.output_logits
+                and neuron_config.is_continuous_batching
+            )
         )
 
     def _forward(self, *args: torch.Tensor) -> Any:
@@ -249,7 +268,8 @@ class ModelWrapper(torch.nn.Module):
         return (input_ids, F.pad(attention_mask, (0, pad_len), "constant", 0), *rest)
 
     def get_target_bucket(self, *args: torch.Tensor, strategy: str = "first_fit") -> int:
-        return self._get_seq_bucket(self.neuron_config.buckets, args[1].shape[1], 0, strategy)
+        speculation_length = self.neuron_config.speculation_length if self.tag == FUSED_SPECULATION_MODEL_TAG else 0
+        return self._get_seq_bucket(self.neuron_config.buckets, args[1].shape[1], speculation_length, strategy)
 
     def _get_seq_bucket(self, buckets: list[int], input_len: int, speculation_length: int, strategy: str) -> int:
         required_len = input_len + speculation_length
@@ -299,6 +319,6 @@ class ModelWrapper(torch.nn.Module):
             else:
                 outputs.append(self._forward_with_pad(*[arg[cur:rows] for arg in args]))
             cur += batch_size
-        if self._returns_pair():
+        if self._returns_list():
             return [torch.cat(parts, dim=0) for parts in zip(*outputs, strict=True)]
         return torch.cat(outputs, dim=0)

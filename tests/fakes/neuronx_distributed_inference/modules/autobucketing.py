@@ -10,6 +10,7 @@ cd3abf3).
   context_encoding_buckets if given (NeuronConfig sorted them), else
   generate_buckets(128, max_context_length).
 - Token generation: the same with max_length and token_generation_buckets.
+- Fused speculation (282-322): the token-generation buckets, by the same rule.
 The choice of a bucket at run time is ModelWrapper's (models/model_wrapper.py).
 """
 
@@ -52,3 +53,8 @@ def generate_buckets_for_tkg(inference_config: Any) -> list[int]:
     if neuron_config.token_generation_buckets is not None:
         return neuron_config.token_generation_buckets
     return generate_buckets(128, neuron_config.max_length)
+
+
+def generate_buckets_for_fused_spec(inference_config: Any) -> list[int]:
+    """autobucketing.py:282-322 (without prefix caching): the token-generation buckets."""
+    return generate_buckets_for_tkg(inference_config)
