@@ -21,7 +21,7 @@ Continuous mode, per handler call / engine step:
                                    logits (inside the prefill and decode times above)
   llm_step_detokenize_seconds      the host's share spent after them: detokenizing, stop
                                    strings and end checks of every row
-  llm_decode_tokens_per_row        a decode step's tokens per row (1; up to k + 1 with speculation)
+  llm_decode_tokens_per_row        with speculation: a decode step's tokens per row (1 to k + 1)
   llm_spec_proposed_tokens         speculation: tokens proposed for verification (counter)
   llm_spec_accepted_tokens         speculation: proposed tokens accepted (counter; accepted /
                                    proposed is the acceptance rate)
@@ -239,7 +239,7 @@ class ServingMetrics:
                 self.record(DECODE_STEP, step.decode_s)
             self.record(STEP_SAMPLING, step.sampling_s)
             self.record(STEP_DETOKENIZE, step.detokenize_s)
-            if step.decoded:
+            if step.speculating and step.decoded:  # always 1 otherwise: not worth a value per step
                 self.record(TOKENS_PER_ROW, step.decoded_tokens / step.decoded)
             if step.proposed_tokens:
                 self.record(SPEC_PROPOSED, step.proposed_tokens)

@@ -43,8 +43,6 @@ class Speculator:
 
     def propose(self, request_id: str, history: Sequence[int] | np.ndarray, most: int) -> tuple[int, ...]:
         """Up to `most` tokens to verify after the row's text `history`; none while it backs off."""
-        if most < 1:
-            return ()
         record = self._rows.get(request_id)
         if record is not None and record.skip > 0:
             record.skip -= 1

@@ -65,8 +65,8 @@ class StepRecord:
     (after them: each Sequence's detokenizer, stop strings and end checks). `decoded` counts
     the rows of the decode call, `decoded_tokens` the tokens it gave them (as many as the rows
     unless the backend gives a row several a step; a row whose answer was refused gives none).
-    Speculation: `proposed_tokens` tokens were proposed over `proposing_rows` rows (by the engine, or
-    drafted by the backend), and `accepted_tokens` of them taken."""
+    Speculation (`speculating`: the engine proposes, or its backend drafts): `proposed_tokens` tokens
+    were proposed over `proposing_rows` rows, and `accepted_tokens` of them taken."""
 
     prefill_s: float | None
     decode_s: float | None
@@ -80,6 +80,7 @@ class StepRecord:
     proposing_rows: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0
+    speculating: bool = False
 
 
 class StepEngine:
@@ -95,6 +96,7 @@ class StepEngine:
         self.backend = backend
         # Speculation: each decode row's guessed next tokens (speculation.py), unless the backend drafts its own.
         self.speculator = None if backend.draft_tokens else speculator
+        self.speculating = self.speculator is not None or backend.draft_tokens > 0
         self.scheduler: SlotScheduler[Sequence] = SlotScheduler(backend.n_slots, prefill_token_budget, max_adapters)
         self._clock = clock
         self._changed = threading.Condition()  # guards everything below; notified after each step
@@ -422,6 +424,8 @@ class StepEngine:
     def _count_speculation(self, rows: list[tuple[DecodeRow, Sequence]], tokens: list[list[TokenChoice]]) -> None:
         """Each row's proposal (the engine's, or the backend's own drafts) and how much of it the
         backend took: for the metrics and the speculator's back-off."""
+        if not self.speculating:
+            return
         drafts = self.backend.draft_tokens
         for (row, sequence), got in zip(rows, tokens, strict=True):
             proposed = min(drafts, row.max_tokens - 1) if drafts else len(row.proposal)
@@ -505,6 +509,7 @@ class StepEngine:
                         self._detokenize_s,
                         self._decoded_tokens,
                         *self._speculated.figures(),
+                        self.speculating,
                     )
                 )
                 del self._records[:-1000]  # nobody drains them outside TorchServe

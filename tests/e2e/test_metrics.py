@@ -17,6 +17,7 @@ from handler.core.metrics import (
     SERVING_METRICS,
     SPEC_ACCEPTED,
     SPEC_PROPOSED,
+    TOKENS_PER_ROW,
     MetricKind,
 )
 
@@ -36,7 +37,7 @@ def wanted_series(mode: str, replicas: int = 1) -> set[str]:
     """Static mode has the per-request and micro-batch metrics; continuous all but the fill ratio,
     the rejections (none here: reported when a request is turned away) and speculation's counts (no
     speculation here: reported when a row proposes), and the replica gauges only with replicas."""
-    unreported = (FILL, REJECTED, SPEC_PROPOSED, SPEC_ACCEPTED)
+    unreported = (FILL, REJECTED, SPEC_PROPOSED, SPEC_ACCEPTED, TOKENS_PER_ROW)
     specs = [m for m in SERVING_METRICS if m not in unreported] if mode == "continuous" else SERVING_METRICS[:5]
     specs = [m for m in specs if replicas > 1 or m not in REPLICA_METRICS]
     return {f"{m.name}_count" if m.kind is MetricKind.HISTOGRAM else m.name for m in specs}

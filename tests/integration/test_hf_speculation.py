@@ -21,6 +21,7 @@ from handler.engine.sequence import Sequence
 from handler.engine.speculation import Speculator
 from handler.engine.step_engine import StepEngine
 from handler.request import Constraint, GenerationRequest, SamplingParams
+from tests.support.engine_runs import RowTaken, run_to_end, watching_decode_calls
 
 N_SLOTS = 4
 # Copy-heavy prompts: text the output can repeat (and the tiny model's greedy loops repeat themselves).
@@ -63,34 +64,17 @@ def requests() -> dict[str, GenerationRequest]:
 class Run:
     sequences: dict[str, Sequence]
     steps: int
-    rows: list[list[tuple[str, int, int]]]  # per decode call: (request, proposed, taken) per row
+    calls: list[list[RowTaken]]  # per decode call, its rows
 
 
 def run(model_dir: Path, k: int) -> Run:
     backend = HFBackend(HandlerConfig(model_checkpoint_dir=str(model_dir), cpu_threads=1), model_dir, N_SLOTS, k)
     engine = StepEngine(backend, 10_000, speculator=Speculator(NgramProposer(k, 1, 3), backoff=False) if k else None)
-    calls: list[list[tuple[str, int, int]]] = []
-    decode_plan = backend.decode_plan
-
-    def spy(rows):
-        names = {slot: sequence.request_id for slot, sequence in engine.scheduler.running()}
-        answer = decode_plan(rows)
-        calls.append([(names[r.slot], len(r.proposal), len(got)) for r, got in zip(rows, answer, strict=True)])
-        return answer
-
-    backend.decode_plan = spy
-    sequences = {}
-    for name, request in requests().items():
-        prompt_ids = backend.encode(request.prompt)
-        sequences[name] = Sequence(request, prompt_ids, backend.tokenizer, backend.eos_token_ids, name)
-        engine.submit(sequences[name])
-    steps = 0
-    while not all(s.finished for s in sequences.values()):
-        engine.step()
-        steps += 1
-        assert steps < 2_000
+    wanted = requests()
+    with watching_decode_calls(backend, engine) as calls:
+        sequences = run_to_end(backend, list(wanted.values()), 2_000, engine, ids=list(wanted))
     backend.close()
-    return Run(sequences, steps, calls)
+    return Run(dict(zip(wanted, sequences, strict=True)), engine.steps, calls)
 
 
 @pytest.fixture(scope="module")
@@ -123,16 +107,16 @@ def test_speculation_gives_every_sequence_exactly_its_tokens_in_fewer_steps(tiny
 
 def test_every_kind_of_row_takes_proposals_and_keeps_its_tokens(baseline, k5):
     same_output(baseline, k5)
-    several = {name for call in k5.rows for name, _, taken in call if taken > 1}
+    several = {row.request_id for call in k5.calls for row in call if row.taken > 1}
     assert several == set(requests()), f"never more than one token a step: {set(requests()) - several}"
-    assert all(taken <= proposed + 1 for call in k5.rows for _, proposed, taken in call)
+    assert all(row.taken <= row.proposed + 1 for call in k5.calls for row in call)
 
 
 def test_one_step_holds_a_row_without_proposal_and_one_taking_all_five(k5):
     assert any(
-        any(proposed == 0 and taken == 1 for _, proposed, taken in call)
-        and any(proposed == 5 and taken == 6 for _, proposed, taken in call)
-        for call in k5.rows
+        any(row.proposed == 0 and row.taken == 1 for row in call)
+        and any(row.proposed == 5 and row.taken == 6 for row in call)
+        for call in k5.calls
     )
 
 

@@ -70,19 +70,6 @@ def texts(reply: str, stream: bool) -> list[str]:
     return [out[i] for i in sorted(out)]
 
 
-class RecordingMetrics:
-    """TorchServe's `context.metrics`, keeping what the handler adds."""
-
-    def __init__(self) -> None:
-        self.added: list[tuple[str, float]] = []
-
-    def add_metric(self, name: str, value: float, *args: Any, **kwargs: Any) -> None:
-        self.added.append((name, value))
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
-
-
 @pytest.fixture(scope="module")
 def asgi_pair(tiny_model_dir: Path) -> Iterator[tuple[InProcessFrontend, InProcessFrontend]]:
     with running_in_process(ServedModel(config(tiny_model_dir, False), tiny_model_dir), model_name="m") as plain:
@@ -98,7 +85,6 @@ def torchserve_pair(tiny_model_dir: Path) -> Iterator[tuple[ContinuousFrontend, 
         handler = Inf2StreamingHandler()
         context = make_context(config(tiny_model_dir, speculate), str(tiny_model_dir))
         handler.initialize(context)
-        context.metrics = RecordingMetrics()
         handlers.append(handler)
         frontends.append(ContinuousFrontend(handler, context, batch_size=8))
     yield frontends[0], frontends[1]

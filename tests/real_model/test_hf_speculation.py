@@ -15,6 +15,7 @@ from handler.engine.sequence import Sequence
 from handler.engine.speculation import Speculator
 from handler.engine.step_engine import StepEngine
 from handler.request import GenerationRequest, SamplingParams
+from tests.support.engine_runs import run_to_end, watching_decode_calls
 
 PROMPT = (
     "Repeat this text exactly:\nInferentia2 is a machine learning accelerator designed by AWS. Each chip has two "
@@ -31,31 +32,15 @@ def run(model_dir: Path, k: int) -> tuple[list[Sequence], list[int]]:
     """The sequences, and how many tokens each row took at most in one step."""
     backend = HFBackend(HandlerConfig(model_checkpoint_dir=str(model_dir), cpu_threads=2), model_dir, 3, k)
     engine = StepEngine(backend, 10_000, speculator=Speculator(NgramProposer(k), backoff=False) if k else None)
-    most = [0, 0, 0]
-    decode_plan = backend.decode_plan
-
-    def spy(rows):
-        answer = decode_plan(rows)
-        for row, got in zip(rows, answer, strict=True):
-            most[row.slot] = max(most[row.slot], len(got))
-        return answer
-
-    backend.decode_plan = spy
     text = backend.tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT}], tokenize=False, add_generation_prompt=True
     )
-    ids = backend.encode(text, add_special_tokens=False)
-    sequences = [
-        Sequence(
-            GenerationRequest(text, 40, sampling=params), list(ids), backend.tokenizer, backend.eos_token_ids, str(i)
-        )
-        for i, params in enumerate(SAMPLING)
-    ]
-    for sequence in sequences:  # three free slots: sequence i runs in slot i
-        engine.submit(sequence)
-    while not all(s.finished for s in sequences):
-        engine.step()
+    requests = [GenerationRequest(text, 40, sampling=params) for params in SAMPLING]
+    with watching_decode_calls(backend, engine) as calls:
+        sequences = run_to_end(backend, requests, 200, engine)
     backend.close()
+    taken = [(row.request_id, row.taken) for call in calls for row in call]
+    most = [max((n for rid, n in taken if rid == s.request_id), default=0) for s in sequences]
     return sequences, most
 
 

@@ -241,24 +241,3 @@ def hf_greedy(checkpoint: Path, prompt: Sequence[int], new_tokens: int) -> list[
         for _ in range(new_tokens):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(prompt) :]
-
-
-def run_to_end(backend: Any, requests: list[Any], steps: int = 500) -> list[Any]:
-    """Every request through a StepEngine on `backend` (more requests than slots wait for one), to
-    its end; the finished Sequences, none failed."""
-    from handler.engine.sequence import Sequence
-    from handler.engine.step_engine import StepEngine
-
-    engine = StepEngine(backend, prefill_token_budget=4096)
-    sequences = [
-        Sequence(r, backend.encode(r.prompt), backend.tokenizer, backend.eos_token_ids, f"r{i}")
-        for i, r in enumerate(requests)
-    ]
-    for sequence in sequences:
-        engine.submit(sequence)
-    for _ in range(steps):
-        if all(s.finished for s in sequences):
-            break
-        engine.step()
-    assert all(s.finished and s.error is None for s in sequences)
-    return sequences

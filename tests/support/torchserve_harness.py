@@ -51,9 +51,15 @@ class RecordingSocket:
         self.frames.append(bytes(data))
 
 
-class NullMetrics:
-    def add_time(self, *args: Any, **kwargs: Any) -> None:
-        pass
+class RecordingMetrics:
+    """TorchServe's `context.metrics`: keeps what the handler adds (`add_metric`'s name and value),
+    accepts every other call."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[str, float]] = []
+
+    def add_metric(self, name: str, value: float, *args: Any, **kwargs: Any) -> None:
+        self.added.append((name, value))
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: None
@@ -84,7 +90,7 @@ class Reply:
 
 def make_context(model_yaml_config: dict[str, Any], model_dir: str) -> Context:
     ctx = Context("m", model_dir, {"model": {"modelName": "m"}}, 4, None, "0.12.0", model_yaml_config=model_yaml_config)
-    ctx.metrics = NullMetrics()
+    ctx.metrics = RecordingMetrics()
     return ctx
 
 

@@ -44,7 +44,19 @@ TORCHSERVE_NAMES = {  # what the handler reported through TorchServe before the 
     "llm_replica_slots_occupied",
 }
 STEP = StepRecord(
-    0.03, 0.01, 1, 3, 3, 2, 0.004, 0.001, decoded_tokens=7, proposing_rows=2, proposed_tokens=6, accepted_tokens=4
+    0.03,
+    0.01,
+    1,
+    3,
+    3,
+    2,
+    0.004,
+    0.001,
+    decoded_tokens=7,
+    proposing_rows=2,
+    proposed_tokens=6,
+    accepted_tokens=4,
+    speculating=True,
 )
 HEALTH = Health(3, 2, (4, None, 1), "replica 1 is starting", None)
 
@@ -237,3 +249,13 @@ def test_get_metrics_scrapes_the_model_and_its_replicas():
     assert value(exposed["llm_replica_slots_occupied"], "llm_replica_slots_occupied", Replica="2") == 1
     again = families(client.get("/metrics").text)  # the records were taken once
     assert value(again["llm_decode_step_seconds"], "llm_decode_step_seconds_count") == 2
+
+
+def test_without_speculation_a_step_records_no_tokens_per_row_nor_proposals():
+    """Always 1 token a row then: no value per step (TorchServe writes each one as a log line)."""
+    metrics = FrontendMetrics()
+    metrics.engine_steps([StepRecord(None, 0.01, 0, 3, 3, 0, 0.001, 0.001, decoded_tokens=3)], 3, 0)
+    exposed = families(metrics.render({}))
+    assert value(exposed["llm_decode_tokens_per_row"], "llm_decode_tokens_per_row_count") == 0
+    assert value(exposed["llm_spec_proposed_tokens"], "llm_spec_proposed_tokens_total") == 0
+    assert value(exposed["llm_decode_step_seconds"], "llm_decode_step_seconds_count") == 1

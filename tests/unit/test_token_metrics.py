@@ -148,7 +148,13 @@ def test_the_calls_are_valid_for_torchserves_metric_cache(caplog):
 
 def continuous_mode_metrics(metrics: TokenMetrics, ctx) -> None:
     metrics.request_finished(ctx, sequence(admitted=10.05))
-    speculated = {"decoded_tokens": 5, "proposing_rows": 1, "proposed_tokens": 3, "accepted_tokens": 2}
+    speculated = {
+        "decoded_tokens": 5,
+        "proposing_rows": 1,
+        "proposed_tokens": 3,
+        "accepted_tokens": 2,
+        "speculating": True,
+    }
     steps = [
         StepRecord(0.03, 0.01, 1, 3, 3, 2, 0.004, 0.001, **speculated),
         StepRecord(None, 0.012, 0, 3, 3, 1, 0.002, 0.0005, decoded_tokens=3),

@@ -10,7 +10,8 @@ import pytest
 
 from handler.engine.sequence import FinishReason
 from handler.request import Constraint, GenerationRequest, SamplingParams
-from tests.support.neuron import neuronx_yaml, nxdi_yaml, run_to_end
+from tests.support.engine_runs import run_to_end
+from tests.support.neuron import neuronx_yaml, nxdi_yaml
 
 DIGITS = Constraint("regex", "[0-9]{3}-[0-9]{2}")
 

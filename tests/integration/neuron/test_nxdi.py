@@ -24,7 +24,8 @@ from handler.backends.nxdi import compile_work_dir
 from handler.config import ServingConfig
 from handler.errors import ConfigError
 from handler.request import GenerationRequest, SamplingParams, SlotRequest, SlotRequestError
-from tests.support.neuron import Driver, calls, greedy, hf_greedy, nxdi_yaml, run_alone, run_to_end
+from tests.support.engine_runs import run_to_end
+from tests.support.neuron import Driver, calls, greedy, hf_greedy, nxdi_yaml, run_alone
 
 
 def test_a_one_token_prompt_runs_in_the_smallest_bucket_and_is_the_models_own(backend, checkpoint, fake_neuronx):

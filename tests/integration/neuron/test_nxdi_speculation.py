@@ -24,6 +24,7 @@ from handler.engine.sequence import Sequence
 from handler.engine.step_engine import StepEngine
 from handler.errors import ConfigError
 from handler.request import DecodeRow, GenerationRequest
+from tests.support.engine_runs import run_to_end, watching_decode_calls
 from tests.support.neuron import calls, greedy, hf_greedy, nxdi_yaml
 
 pytestmark = pytest.mark.usefixtures("fake_neuronx", "one_torch_thread")
@@ -86,28 +87,9 @@ def serve(backend: Any, requests: list[GenerationRequest], steps: int = 200) -> 
     """The requests through a StepEngine to their ends; the sequences and, per decode call, each row's
     (slot, max_tokens, tokens taken)."""
     engine = StepEngine(backend, prefill_token_budget=4096)
-    plans: list[Any] = []
-    decode_plan = backend.decode_plan
-
-    def spy(rows: Any) -> Any:
-        answer = decode_plan(rows)
-        plans.append([(row.slot, row.max_tokens, len(got)) for row, got in zip(rows, answer, strict=True)])
-        return answer
-
-    backend.decode_plan = spy
-    sequences = [
-        Sequence(r, backend.encode(r.prompt), backend.tokenizer, backend.eos_token_ids, f"r{i}")
-        for i, r in enumerate(requests)
-    ]
-    for sequence in sequences:
-        engine.submit(sequence)
-    for _ in range(steps):
-        if all(s.finished for s in sequences):
-            break
-        engine.step()
-    del backend.decode_plan
-    assert all(s.finished and s.error is None for s in sequences), [s.error for s in sequences]
-    return sequences, plans
+    with watching_decode_calls(backend, engine) as calls:
+        sequences = run_to_end(backend, requests, steps, engine)
+    return sequences, [[(r.slot, r.max_tokens, r.taken) for r in call] for call in calls]
 
 
 def test_the_target_is_compiled_with_the_eagle_keywords_and_the_draft_fused_in(start, draft, fake_neuronx):
